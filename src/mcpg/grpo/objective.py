@@ -1,0 +1,218 @@
+"""The multi-agent GRPO objective: credit signals, group standardisation, the clipped loss.
+
+Paper §8 ("Task and signal"). One routed rollout gives, for every prompt b and slate g
+(the g-th completion of each of the K agents), the router's logged propensities ``p``,
+the leave-one-out propensities ``P``, the outcome model's ``mu_hat``, the selected
+candidate ``I`` and its reward ``G = R^(I)``. This module turns them into a loss:
+
+1. :func:`credit` scores each agent on each slate with one *signal*:
+
+   - ``"wta"``: winner-take-all, ``1{I = i} G`` (Theorem 1: ascends agent i's private
+     utility, not the system objective);
+   - ``"removal"``: the doubly robust removal contribution of Eq. (19), computed from
+     the logged propensities and the outcome model, using only the selected reward G
+     (Corollary 3: unbiased for the exact removal contribution);
+   - ``"oracle"``: a diagnostic that is *not* available under filtered feedback: the exact
+     removal contribution with ``g_j = R^(j)``, every candidate's own reward.
+
+2. :func:`group_standardize` standardises each agent's scores within its group of m
+   completions of the same prompt (GRPO's group-relative advantage), so the routed methods
+   differ only in the signal.
+
+3. :func:`clipped_grpo_loss` is the token-level PPO-clip objective in TRL's conventions
+   (``GRPOTrainer._compute_loss``), applied to each agent's adapter.
+
+Shapes used throughout: ``(B, m, K)`` for per-agent quantities (prompts, slates, agents),
+``(B, m)`` for ``selected`` and ``reward``, ``(B, m, K, K)`` for ``P``. Any leading batch
+shape works for :func:`credit`; the K agents are always on the last axis.
+
+This module depends on numpy, torch and :mod:`mcpg.routing` only (no transformers), so
+the simulated pool of chapter 7 can use it without an LLM stack.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .. import routing
+
+__all__ = ["SIGNALS", "LOSS_TYPES", "credit", "group_standardize", "clipped_grpo_loss"]
+
+SIGNALS: tuple[str, ...] = ("wta", "removal", "oracle")
+"""The credit signals that :func:`credit` knows."""
+
+LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
+"""Token aggregations of :func:`clipped_grpo_loss`, named as TRL's ``GRPOConfig.loss_type``."""
+
+
+def _np(x, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    return arr
+
+
+def credit(
+    signal: Literal["wta", "removal", "oracle"],
+    selected,
+    reward,
+    p,
+    P,
+    mu_hat,
+    rewards_all=None,
+) -> np.ndarray:
+    """Per-agent credit scores of one routed rollout (paper §8, "Task and signal").
+
+    Args:
+        signal: ``"wta"`` (``1{I=i} G``, Theorem 1), ``"removal"`` (Eq. 19: doubly robust
+            removal contribution from selected feedback), or ``"oracle"`` (exact removal
+            contribution ``sum_j p_j R^(j) - sum_{j != i} p^{-i}_j R^(j)`` using every
+            candidate's reward; a full-feedback diagnostic).
+        selected: index I of the deployed candidate, ints of shape ``(...)``.
+        reward: the deployed reward ``G = R^(I)``, shape ``(...)``.
+        p: logged router propensities (Eq. 3), shape ``(..., K)``.
+        P: leave-one-out propensities, shape ``(..., K, K)``.
+        mu_hat: outcome model ``sigmoid(s_j)``, shape ``(..., K)``; used by ``"removal"``.
+        rewards_all: every candidate's reward ``R^(j)``, shape ``(..., K)``; needed by
+            ``"oracle"`` only (and checked against ``reward`` there).
+
+    Returns:
+        float array of shape ``(..., K)``: agent i's score on each slate.
+
+    Numpy or torch inputs are accepted; the result is numpy.
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
+    selected = _np(selected, "selected")
+    reward = _np(reward, "reward").astype(float)
+    p = _np(p, "p").astype(float)
+    if p.ndim == 0:
+        raise ValueError("p must have the K candidates on its last axis")
+    K = p.shape[-1]
+    if signal == "wta":
+        if reward.shape != p.shape[:-1]:
+            raise ValueError(f"reward must have shape {p.shape[:-1]}, got {reward.shape}")
+        return routing.winner_take_all_scores(selected, reward, K)
+    if signal == "removal":
+        return routing.dr_removal_contributions(selected, reward, p, _np(P, "P"), _np(mu_hat, "mu_hat"))
+    # oracle
+    if rewards_all is None:
+        raise ValueError("rewards_all is required by signal 'oracle' (every candidate's reward R^(j))")
+    R = _np(rewards_all, "rewards_all").astype(float)
+    if R.shape != p.shape:
+        raise ValueError(f"rewards_all must have shape {p.shape}, got {R.shape}")
+    sel = np.asarray(selected).astype(int)
+    if not np.allclose(np.take_along_axis(R, sel[..., None], axis=-1)[..., 0], reward):
+        raise ValueError("reward must equal rewards_all at the selected candidate (G = R^(I))")
+    return routing.removal_contributions(R, p, _np(P, "P"))
+
+
+def group_standardize(scores, eps: float = 1e-6, axis: int = -2):
+    """GRPO's group-relative advantage, per agent: ``(x - mean) / (std + eps)`` over the group.
+
+    Each agent's group is its m completions of one prompt, which sit on ``axis``
+    (default ``-2`` for scores of shape ``(..., m, K)``: the agents on the last axis are
+    standardised separately). As in TRL's ``GRPOTrainer`` (``scale_rewards="group"``) the
+    standard deviation is the unbiased one and ``eps`` is added to it, so a group whose
+    scores are all equal gets advantages 0. The result has the type of the input
+    (numpy in, numpy out; torch in, torch out).
+    """
+    if not eps >= 0:
+        raise ValueError(f"eps must be non-negative, got {eps}")
+    is_torch = isinstance(scores, torch.Tensor)
+    x = scores if is_torch else torch.as_tensor(_np(scores, "scores"), dtype=torch.float64)
+    if torch.isnan(x).any():
+        raise ValueError("scores contains NaN")
+    if x.ndim == 0:
+        raise ValueError("scores must have a group axis")
+    m = x.shape[axis]
+    if m < 2:
+        raise ValueError(f"scores needs at least 2 completions per group on axis {axis}, got {m}")
+    mean = x.mean(dim=axis, keepdim=True)
+    std = x.std(dim=axis, keepdim=True, unbiased=True)
+    out = (x - mean) / (std + eps)
+    return out if is_torch else out.numpy()
+
+
+def clipped_grpo_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    loss_type: str = "dapo",
+    max_completion_length: int | None = None,
+    beta: float = 0.0,
+    logp_ref: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Token-level PPO-clip GRPO loss, as TRL's ``GRPOTrainer`` computes it.
+
+    With ratio ``r_t = exp(logp_new_t - logp_old_t)`` and one advantage ``A`` per completion,
+    the per-token loss is ``-min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)``, plus
+    ``beta * KL_t`` (the k3 estimator against ``logp_ref``) when ``beta > 0``. Tokens are
+    aggregated as TRL's ``loss_type`` says:
+
+    - ``"dapo"`` (TRL's default): sum over all active tokens of the batch / their number;
+    - ``"bnpo"``: the same within one local batch (identical here: one batch, one process);
+    - ``"grpo"``: per-sequence mean over its tokens, then mean over sequences;
+    - ``"dr_grpo"``: sum / (number of sequences * ``max_completion_length``).
+
+    Args:
+        logp_new: log-probabilities of the sampled tokens under the current policy, (N, T).
+        logp_old: the same under the policy that sampled them (no gradient), (N, T).
+        advantages: one advantage per completion, (N,) (or per token, (N, T)).
+        mask: 1 for completion tokens that count, 0 for padding, (N, T).
+        clip_eps: lower clipping epsilon (TRL ``epsilon``).
+        clip_eps_high: upper clipping epsilon (TRL ``epsilon_high``); defaults to ``clip_eps``.
+        loss_type: one of :data:`LOSS_TYPES`.
+        max_completion_length: the constant of ``"dr_grpo"``; defaults to T.
+        beta: KL coefficient (TRL ``beta``, default 0: no reference model).
+        logp_ref: reference-policy log-probabilities, (N, T), needed when ``beta > 0``.
+
+    Returns:
+        a scalar tensor; its gradient flows through ``logp_new`` only.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if logp_new.shape != logp_old.shape or logp_new.shape != mask.shape or logp_new.ndim != 2:
+        raise ValueError(
+            "logp_new, logp_old and mask must share one shape (N, T); got "
+            f"{tuple(logp_new.shape)}, {tuple(logp_old.shape)} and {tuple(mask.shape)}"
+        )
+    if not clip_eps >= 0:
+        raise ValueError(f"clip_eps must be non-negative, got {clip_eps}")
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not eps_high >= 0:
+        raise ValueError(f"clip_eps_high must be non-negative, got {clip_eps_high}")
+    adv = torch.as_tensor(advantages, dtype=logp_new.dtype, device=logp_new.device)
+    if adv.ndim == 1:
+        if adv.shape[0] != logp_new.shape[0]:
+            raise ValueError(f"advantages must have shape ({logp_new.shape[0]},), got {tuple(adv.shape)}")
+        adv = adv.unsqueeze(1)
+    elif adv.shape != logp_new.shape:
+        raise ValueError(f"advantages must have shape (N,) or (N, T), got {tuple(adv.shape)}")
+    if torch.isnan(adv).any():
+        raise ValueError("advantages contains NaN")
+    mask = mask.to(logp_new.dtype)
+
+    coef_1 = torch.exp(logp_new - logp_old.detach())
+    coef_2 = torch.clamp(coef_1, 1 - clip_eps, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if beta != 0.0:
+        if logp_ref is None:
+            raise ValueError("logp_ref is required when beta != 0")
+        d = logp_ref.detach() - logp_new
+        per_token_loss = per_token_loss + beta * (torch.exp(d) - d - 1)
+
+    if loss_type in ("dapo", "bnpo"):
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    T = logp_new.shape[1] if max_completion_length is None else int(max_completion_length)
+    return (per_token_loss * mask).sum() / (per_token_loss.size(0) * T)
