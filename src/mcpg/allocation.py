@@ -1,0 +1,228 @@
+"""Optimal allocation of exact counterfactual evaluations (paper §7, Theorems 2 and 3, App. B.12).
+
+One entry per marginal contribution Δ_{i|S} that may be evaluated exactly, with
+
+- ``a``: gradient leverage a_i = ‖Ψ_i‖ (non-negative);
+- ``sigma2``: variance σ² of one exact evaluation Y_{i|S};
+- ``eta2``: squared error η² = (Δ̂ − Δ)² of the learned estimate;
+- ``cost``: cost c of one exact evaluation (non-negative);
+- ``budget``: the expected-cost budget C (a non-negative scalar, may be ``inf``).
+
+An evaluation runs with probability p (Z ~ Bernoulli(p)) and the estimate is corrected by
+Eq. (21). Entries with a²(σ² + η²) = 0 gain nothing from evaluation: they get p = 0 and add
+nothing to the risk. Entries of cost 0 and positive weight are always evaluated (p = 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import as_float_array, check_nonnegative, check_same_shape
+
+__all__ = [
+    "allocation_risk",
+    "corrected_contribution",
+    "neyman_allocation",
+    "proportional_allocation",
+    "risk_lower_bound",
+    "simulate_corrected_risk",
+    "uniform_allocation",
+]
+
+
+def _nonneg(x, name: str, finite: bool = True) -> np.ndarray:
+    arr = as_float_array(x, name)
+    check_nonnegative(arr, name)
+    if finite and not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite")
+    return arr
+
+
+def _budget(budget) -> float:
+    b = _nonneg(budget, "budget", finite=False)
+    if b.ndim != 0:
+        raise ValueError(f"budget must be a scalar, got shape {b.shape}")
+    return float(b)
+
+
+def _entries(a, sigma2, eta2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a, sigma2, eta2 = _nonneg(a, "a"), _nonneg(sigma2, "sigma2"), _nonneg(eta2, "eta2")
+    check_same_shape(a, sigma2, "a", "sigma2")
+    check_same_shape(a, eta2, "a", "eta2")
+    return a, sigma2, eta2
+
+
+def _water_fill(r: np.ndarray, cost: np.ndarray, budget: float) -> np.ndarray:
+    """Solve p = min{1, t·r} with Σ p·c = C for the level t ≥ 0 (exactly, by sorting).
+
+    Entries with r = 0 get p = 0; entries with c = 0 and r > 0 get p = 1 (they are free).
+    If every remaining entry fits in the budget, all of them get p = 1.
+    Returns p. Sorting by r, the k entries with the largest r saturate, where k is the
+    smallest index with t_k · r_(k) ≤ 1, t_k = (C − Σ_{j<k} c_(j)) / Σ_{j≥k} c_(j) r_(j).
+    (The test t_k r_(k) ≤ 1 is monotone in k, and its first success is consistent.)
+    """
+    p = np.where((r > 0) & (cost == 0), 1.0, 0.0)
+    live = np.flatnonzero((r > 0) & (cost > 0))
+    if cost[live].sum() <= budget:
+        p[live] = 1.0
+        return p
+    order = live[np.argsort(-r[live], kind="stable")]
+    rs, cs = r[order] / r[order[0]], cost[order]  # p is invariant to the scale of r
+    spent = np.concatenate(([0.0], np.cumsum(cs)[:-1]))  # cost of saturating the first k
+    rest = np.cumsum((cs * rs)[::-1])[::-1]  # Σ_{j ≥ k} c_j r_j
+    levels = (budget - spent) / rest
+    k = int(np.argmax(levels * rs <= 1.0))  # exists: the last k always passes
+    t = levels[k]
+    p[order[:k]] = 1.0
+    p[order[k:]] = np.minimum(1.0, t * rs[k:])
+    return p
+
+
+def neyman_allocation(a, sigma2, eta2, cost, budget) -> np.ndarray:
+    """Optimal evaluation probabilities, Theorem 2 (Eq. 22).
+
+    p*_{i|S} = min{1, a_i √(σ² + η²) / √(ν c)}, with ν > 0 chosen so that Σ p* c = C; every
+    entry is evaluated (p* = 1) when the budget covers them all. Solved exactly by
+    water-filling (sort by a √(σ²+η²)/√c and find the saturated set), not by bisection.
+
+    Arrays ``a, sigma2, eta2, cost`` of one shape, scalar ``budget``; returns p of that shape
+    with entries in [0, 1]. Entries with a²(σ²+η²) = 0 get p = 0. With ``budget = 0`` every
+    entry of positive cost gets p = 0 (its risk is then infinite).
+    """
+    a, sigma2, eta2 = _entries(a, sigma2, eta2)
+    cost = _nonneg(cost, "cost")
+    check_same_shape(a, cost, "a", "cost")
+    budget = _budget(budget)
+    w = (a * np.sqrt(sigma2 + eta2)).ravel()
+    c = cost.ravel()
+    r = np.divide(w, np.sqrt(c), out=np.zeros_like(w), where=c > 0)
+    r[(c == 0) & (w > 0)] = np.inf  # free entries: never limited by the budget
+    return _water_fill(np.where(w > 0, r, 0.0), c, budget).reshape(a.shape)
+
+
+def proportional_allocation(weights, cost, budget) -> np.ndarray:
+    """A comparison allocation p = min{1, t · weights}, t set so that Σ p c = C.
+
+    E.g. ``weights=cost`` (cost-proportional) or ``weights=a**2`` (leverage-proportional).
+    Not optimal in general; Theorem 3 bounds its risk from below. Entries with weight 0 get
+    p = 0, free entries of positive weight p = 1; all p = 1 when the budget covers them all.
+    """
+    weights, cost = _nonneg(weights, "weights"), _nonneg(cost, "cost")
+    check_same_shape(weights, cost, "weights", "cost")
+    return _water_fill(weights.ravel(), cost.ravel(), _budget(budget)).reshape(cost.shape)
+
+
+def uniform_allocation(cost, budget) -> np.ndarray:
+    """A comparison allocation: the same p = min{1, C / Σ c} for every entry (budget binds)."""
+    cost = _nonneg(cost, "cost")
+    return proportional_allocation(np.ones_like(cost), cost, budget)
+
+
+def allocation_risk(p, a, sigma2, eta2) -> float:
+    """Gradient risk of an allocation, Theorem 2: R(p) = Σ a² ((σ² + η²)/p − η²).
+
+    R(p) = Σ E[a² (Δ̃ − Δ)²] for the corrected estimate Δ̃ of Eq. (21). By definition an entry
+    with a²(σ²+η²) = 0 contributes 0 (also at p = 0, the 0/0 case); an entry with positive
+    weight and p = 0 contributes inf (Eq. 21 then never corrects it and divides by zero).
+    ``p`` in [0, 1], all arrays of one shape. Returns a float.
+    """
+    a, sigma2, eta2 = _entries(a, sigma2, eta2)
+    p = _nonneg(p, "p")
+    check_same_shape(p, a, "p", "a")
+    if (p > 1).any():
+        raise ValueError("p must be at most 1 (it is a probability)")
+    weighted = a * np.sqrt(sigma2 + eta2) > 0  # a²(σ²+η²) > 0, robust to underflow
+    if (weighted & (p == 0)).any():
+        return float("inf")
+    w2 = a**2 * (sigma2 + eta2)
+    terms = np.divide(w2, p, out=np.zeros_like(w2), where=weighted) - a**2 * eta2
+    return float(np.sum(np.where(weighted, terms, 0.0)))
+
+
+def risk_lower_bound(a, sigma2, eta2, cost, budget) -> float:
+    """Theorem 3 (Appendix B.12): the least risk of any allocation with Σ p c ≤ C.
+
+    Σ_A a²σ² + (Σ_U a √(σ²+η²) √c)² / C_U − Σ_U a²η², where A holds the entries at p* = 1,
+    U the other entries of positive weight a²(σ²+η²), and C_U = C − Σ_A c. It is attained by
+    :func:`neyman_allocation`. Returns a float (inf when the budget leaves C_U = 0 for U ≠ ∅).
+    """
+    p = neyman_allocation(a, sigma2, eta2, cost, budget)
+    a, sigma2, eta2 = _entries(a, sigma2, eta2)
+    cost = np.asarray(cost, dtype=float)
+    w = a * np.sqrt(sigma2 + eta2)
+    sat, unsat = (w > 0) & (p == 1), (w > 0) & (p < 1)
+    bound = float(np.sum((a**2 * sigma2)[sat]))
+    if unsat.any():
+        c_u = float(budget) - cost[sat].sum()
+        if c_u <= 0:
+            return float("inf")
+        bound += np.sum((w * np.sqrt(cost))[unsat]) ** 2 / c_u - np.sum((a**2 * eta2)[unsat])
+    return float(bound)
+
+
+def corrected_contribution(delta_hat, y, z, p) -> np.ndarray:
+    """The corrected estimate, Eq. (21): Δ̃ = Δ̂ + Z/p · (Y − Δ̂).
+
+    Unbiased for Δ whenever E[Y] = Δ and Z ~ Bernoulli(p) independent of Y (Theorem 2).
+    ``delta_hat`` learned estimates, ``y`` exact evaluations (must be finite everywhere; where
+    z = 0 their value is ignored, so pass any placeholder such as 0), ``z`` in {0, 1}, ``p``
+    propensities in [0, 1], strictly positive where z = 1. Arguments broadcast together.
+    """
+    delta_hat, y = as_float_array(delta_hat, "delta_hat"), as_float_array(y, "y")
+    z, p = as_float_array(z, "z"), _nonneg(p, "p")
+    for arr, name in ((delta_hat, "delta_hat"), (y, "y")):
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite")
+    if not np.isin(z, (0.0, 1.0)).all():
+        raise ValueError("z must be 0 or 1 (whether the exact evaluation ran)")
+    if (p > 1).any():
+        raise ValueError("p must be at most 1 (it is a probability)")
+    try:
+        delta_hat, y, z, p = np.broadcast_arrays(delta_hat, y, z, p)
+    except ValueError:
+        raise ValueError(
+            f"delta_hat, y, z and p must broadcast together, got shapes "
+            f"{delta_hat.shape}, {y.shape}, {z.shape}, {p.shape}"
+        ) from None
+    ran = z == 1
+    if (p[ran] == 0).any():
+        raise ValueError("p must be strictly positive where z = 1 (the estimator divides by it)")
+    correction = np.divide(y - delta_hat, p, out=np.zeros(delta_hat.shape), where=ran)
+    return delta_hat + correction
+
+
+def simulate_corrected_risk(
+    p, delta, delta_hat, sigma2, a, n_rep: int, rng=None, return_stderr: bool = False
+) -> float | tuple[float, float]:
+    """Monte Carlo estimate of R(p) = E Σ a² (Δ̃ − Δ)², to compare with :func:`allocation_risk`.
+
+    Draws Z ~ Bernoulli(p) and Y ~ Normal(Δ, σ²) independently per entry, forms Δ̃ by Eq. (21)
+    and averages Σ a² (Δ̃ − Δ)² over ``n_rep`` replications (vectorised, in chunks). With
+    ``return_stderr`` also returns the Monte Carlo standard error. Entries with p = 0 are never
+    corrected, so they contribute a²η² here while the formula (which needs p > 0) gives inf.
+    ``rng``: a ``numpy.random.Generator`` or a seed.
+    """
+    p = _nonneg(p, "p")
+    if (p > 1).any():
+        raise ValueError("p must be at most 1 (it is a probability)")
+    delta, delta_hat = as_float_array(delta, "delta"), as_float_array(delta_hat, "delta_hat")
+    sigma2, a = _nonneg(sigma2, "sigma2"), _nonneg(a, "a")
+    for arr, name in ((delta, "delta"), (delta_hat, "delta_hat"), (sigma2, "sigma2"), (a, "a")):
+        check_same_shape(p, arr, "p", name)
+    if int(n_rep) < 1:
+        raise ValueError("n_rep must be at least 1")
+    rng = np.random.default_rng(rng)
+    p, delta, delta_hat, sigma2, a = (x.ravel() for x in (p, delta, delta_hat, sigma2, a))
+    chunk = max(1, (1 << 22) // max(p.size, 1))
+    losses = []
+    for start in range(0, int(n_rep), chunk):
+        m = min(chunk, int(n_rep) - start)
+        z = rng.random((m, p.size)) < p
+        y = delta + np.sqrt(sigma2) * rng.standard_normal((m, p.size))
+        tilde = delta_hat + np.divide(y - delta_hat, p, out=np.zeros_like(y), where=z)
+        losses.append(np.sum(a**2 * (tilde - delta) ** 2, axis=1))
+    loss = np.concatenate(losses)
+    mean = float(loss.mean())
+    if return_stderr:
+        return mean, float(loss.std(ddof=1) / np.sqrt(loss.size)) if loss.size > 1 else np.nan
+    return mean
