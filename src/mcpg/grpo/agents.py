@@ -1,0 +1,292 @@
+"""K LLM agents as LoRA adapters on one frozen base model (paper §8 "Setup"; DESIGN §6).
+
+Every agent i is a LoRA adapter named ``agents[i].name`` on the same frozen base model
+(peft multi-adapter: one ``get_peft_model`` for the first agent, then ``add_adapter`` per
+further agent). Agents differ in their role prompt, their sampling temperature and a
+keyword-assigned specialty, which the role prompt mentions and which defines the
+specialization diagnostic.
+
+A rollout asks each agent for m completions of each prompt. All K agents generate in ONE
+batch: peft's mixed-adapter inference routes row r through adapter ``adapter_names[r]``
+(``model.generate(..., adapter_names=[...])``), and ``"__base__"`` routes a row through
+the frozen base model, the single-agent reference. ``generate`` takes one temperature, so
+each row's own temperature is applied by :class:`RowTemperature`, a logits processor that
+divides row r's logits by ``T_r``.
+
+The actor loss needs every row's token log-probabilities under its own adapter; they too
+come from one mixed-adapter forward pass (:meth:`AgentPool.token_logprobs`). peft only
+allows ``adapter_names`` in eval mode, so the model stays in eval mode throughout; that
+changes nothing here because LoRA dropout is 0 and the base model has no active dropout,
+and gradients flow as usual.
+
+Row layout of a rollout: for prompt b, agent k and completion g the row index is
+``(b * K + k) * m + g``; so ``x.view(B, K, m)`` then ``.transpose(1, 2)`` gives the
+``(B, m, K)`` slate layout of :mod:`mcpg.grpo.objective` (slate g = the g-th completion of
+every agent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["AgentSpec", "RowTemperature", "Rollout", "AgentPool", "selective_logprobs"]
+
+BASE = "__base__"
+"""peft's adapter name for the frozen base model in a mixed batch."""
+
+INSTRUCTION = (
+    "Solve the math word problem. Think step by step, then write the final answer as a number "
+    "on the last line in the form '#### <number>'."
+)
+REFERENCE_ROLE = "You are a helpful assistant. " + INSTRUCTION
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent: adapter name, role prompt, sampling temperature, specialty keyword class."""
+
+    name: str
+    role: str
+    temperature: float = 1.0
+    specialty: str | None = None
+
+    def __post_init__(self):
+        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"agent name must be a non-empty identifier other than {BASE!r}, got {self.name!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"agent {self.name!r}: temperature must be > 0, got {self.temperature}")
+
+
+class RowTemperature:
+    """Logits processor dividing row r's next-token logits by its own temperature ``T_r``.
+
+    ``model.generate`` accepts one ``temperature`` for the whole batch; with
+    ``temperature=1.0`` and this processor, row r samples from ``softmax(logits_r / T_r)``.
+    """
+
+    def __init__(self, temperatures: torch.Tensor):
+        self.temperatures = temperatures.reshape(-1, 1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores / self.temperatures.to(device=scores.device, dtype=scores.dtype)
+
+
+def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[token]`` per position, without materialising the full log-softmax."""
+    picked = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+@dataclass
+class Rollout:
+    """Generated rows: prompts and completions as token tensors, plus their texts.
+
+    ``prompt_ids``/``prompt_mask`` are left-padded, ``completion_ids``/``completion_mask``
+    right-padded; the mask covers the completion up to and including its first EOS token
+    (TRL's convention). ``adapters[r]`` and ``temperatures[r]`` say who generated row r.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[str]
+    adapters: list[str]
+    temperatures: torch.Tensor
+    truncated: torch.Tensor = field(default=None)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def rows(self, idx) -> "Rollout":
+        """The sub-rollout of the given row indices (used for micro-batches)."""
+        idx = list(idx)
+        t = torch.as_tensor(idx, dtype=torch.long)
+        return Rollout(
+            self.prompt_ids[t], self.prompt_mask[t], self.completion_ids[t], self.completion_mask[t],
+            [self.texts[i] for i in idx], [self.adapters[i] for i in idx], self.temperatures[t],
+            None if self.truncated is None else self.truncated[t],
+        )
+
+
+class AgentPool:
+    """K LoRA agents on one frozen base model, generating and scoring in mixed-adapter batches.
+
+    Args:
+        base_model: a causal LM (frozen; only the adapters train).
+        tokenizer: its tokenizer, padding on the left, with a chat template.
+        agents: the K :class:`AgentSpec`.
+        lora_r, lora_alpha, lora_dropout, target_modules: the LoRA configuration shared by
+            every adapter (``target_modules="all-linear"`` adapts every linear layer but the
+            output head).
+        seed: seeds the adapters' random initialisation (LoRA's B starts at 0, so every
+            agent starts as the base model and they differ only by prompt and temperature).
+    """
+
+    def __init__(self, base_model, tokenizer, agents: list[AgentSpec], lora_r: int = 8, lora_alpha: int = 16,
+                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0):
+        from peft import LoraConfig, get_peft_model
+
+        if len(agents) < 2:
+            raise ValueError(f"agents must hold at least 2 agents (a routed pool), got {len(agents)}")
+        names = [a.name for a in agents]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agents must have distinct names, got {names}")
+        if lora_dropout != 0.0:
+            raise ValueError("lora_dropout must be 0: the pool runs in eval mode (mixed-adapter batches)")
+        self.agents = list(agents)
+        self.tokenizer = tokenizer
+        cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=target_modules,
+                         task_type="CAUSAL_LM", bias="none")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = get_peft_model(base_model, cfg, adapter_name=names[0])
+            for name in names[1:]:
+                model.add_adapter(name, cfg)
+        # every adapter trains; the base stays frozen
+        for pname, param in model.named_parameters():
+            param.requires_grad_(".lora_" in pname)
+        model.eval()
+        self.model = model
+
+    # -- prompts -------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.agents]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prompt(self, question: str, agent: AgentSpec | None = None) -> str:
+        """The chat-formatted prompt of one agent (``None``: the frozen reference)."""
+        role = REFERENCE_ROLE if agent is None else agent.role + " " + INSTRUCTION
+        messages = [{"role": "system", "content": role}, {"role": "user", "content": question}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def adapter_params(self, name: str) -> list[torch.nn.Parameter]:
+        """The trainable parameters of one agent's adapter."""
+        key = f".{name}."
+        return [p for n, p in self.model.named_parameters() if ".lora_" in n and key in n]
+
+    # -- generation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[str], adapters: list[str], temperatures, max_new_tokens: int,
+                 greedy: bool = False, batch_size: int | None = None, progress=None) -> Rollout:
+        """Generate one completion per row, all rows' adapters mixed in each batch.
+
+        ``progress`` is an optional tqdm bar advanced by the rows of each batch.
+        """
+        n = len(prompts)
+        if len(adapters) != n:
+            raise ValueError(f"adapters must have one entry per prompt ({n}), got {len(adapters)}")
+        temps = torch.as_tensor(temperatures, dtype=torch.float32).reshape(-1)
+        if temps.numel() != n or not bool((temps > 0).all()):
+            raise ValueError("temperatures must hold one positive temperature per prompt")
+        bs = n if not batch_size else int(batch_size)
+        parts = [self._generate_batch(prompts[i:i + bs], adapters[i:i + bs], temps[i:i + bs],
+                                      max_new_tokens, greedy, progress) for i in range(0, n, bs)]
+        return _concat(parts, self.tokenizer.pad_token_id)
+
+    def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress) -> Rollout:
+        from transformers import LogitsProcessorList
+
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      adapter_names=list(adapters))
+        if greedy:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        else:
+            kwargs.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                          logits_processor=LogitsProcessorList([RowTemperature(temps)]))
+        out = self.model.generate(**enc, **kwargs)
+        completion = out[:, enc.input_ids.shape[1]:].cpu()
+        is_eos = completion == tok.eos_token_id
+        has_eos = is_eos.any(dim=1)
+        first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, completion.shape[1], dtype=torch.long))
+        pos = torch.arange(completion.shape[1]).unsqueeze(0)
+        mask = (pos <= first.unsqueeze(1)).long()
+        completion = torch.where(mask.bool(), completion, torch.full_like(completion, tok.pad_token_id))
+        texts = tok.batch_decode(completion, skip_special_tokens=True)
+        if progress is not None:
+            progress.update(len(prompts))
+        return Rollout(enc.input_ids.cpu(), enc.attention_mask.cpu(), completion, mask, texts, list(adapters),
+                       temps.cpu(), ~has_eos)
+
+    # -- scoring -------------------------------------------------------------------------
+    def token_logprobs(self, batch: Rollout) -> torch.Tensor:
+        """Log-probabilities (N, T) of each row's completion tokens under its own adapter.
+
+        One mixed-adapter forward pass; logits are divided by the row's sampling temperature
+        first (as TRL does with its single temperature), so these are the log-probabilities
+        of the distribution that sampled the tokens. Differentiable in the adapters.
+        """
+        dev = self.device
+        prompt_ids, completion_ids = batch.prompt_ids.to(dev), batch.completion_ids.to(dev)
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([batch.prompt_mask.to(dev), batch.completion_mask.to(dev)], dim=1)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # the positions generate() used
+        T = completion_ids.shape[1]
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                         adapter_names=list(batch.adapters), logits_to_keep=T + 1, use_cache=False)
+        logits = out.logits[:, :-1, :].float() / batch.temperatures.to(dev).reshape(-1, 1, 1)
+        return selective_logprobs(logits, completion_ids)
+
+    # -- persistence ---------------------------------------------------------------------
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """One adapter's weights, keyed by parameter name with the adapter name removed."""
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().contiguous() for k, v in
+                get_peft_model_state_dict(self.model, adapter_name=name).items()}
+
+    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+        missing = [k for k in getattr(result, "missing_keys", []) if f".{name}." in k and ".lora_" in k]
+        if missing:
+            raise ValueError(f"adapter {name!r}: state lacks {len(missing)} tensors, e.g. {missing[0]}")
+
+    def save_adapters(self, folder: str | Path) -> None:
+        """Save every adapter as ``<folder>/<name>.safetensors``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in self.names:
+            save_file(self.adapter_state(name), str(folder / f"{name}.safetensors"))
+
+    def load_adapters(self, folder: str | Path) -> None:
+        """Load every adapter saved by :meth:`save_adapters`."""
+        from safetensors.torch import load_file
+
+        for name in self.names:
+            path = Path(folder) / f"{name}.safetensors"
+            if not path.is_file():
+                raise ValueError(f"folder {folder!s} has no adapter file {path.name}")
+            self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
+
+
+def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat(tensors, left: bool, value: int):
+        width = max(t.shape[1] for t in tensors)
+        padded = []
+        for t in tensors:
+            pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+            padded.append(torch.cat([pad, t] if left else [t, pad], dim=1))
+        return torch.cat(padded)
+
+    return Rollout(
+        cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
+        cat([p.completion_ids for p in parts], False, pad_id), cat([p.completion_mask for p in parts], False, 0),
+        sum((p.texts for p in parts), []), sum((p.adapters for p in parts), []),
+        torch.cat([p.temperatures for p in parts]), torch.cat([p.truncated for p in parts]),
+    )

