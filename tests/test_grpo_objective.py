@@ -1,0 +1,201 @@
+"""mcpg.grpo.objective: credit signals, group standardisation and the clipped loss, against hand computations."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from mcpg import routing
+from mcpg.grpo.objective import clipped_grpo_loss, credit, group_standardize
+
+
+def _slate(scores, tau=1.0, eps=0.1):
+    s = np.asarray(scores, dtype=float)
+    return routing.router_propensities(s, tau, eps), routing.leave_one_out_propensities(s, tau, eps)
+
+
+def test_wta_is_indicator_times_reward():
+    p, P = _slate([[0.0, 1.0, -1.0], [2.0, 0.0, 0.0]])
+    got = credit("wta", np.array([1, 2]), np.array([1.0, 0.0]), p, P, np.full((2, 3), 0.5))
+    np.testing.assert_array_equal(got, [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_oracle_two_agents_by_hand():
+    # K = 2: deleting one candidate leaves the other with probability 1, so
+    # Delta_0 = p0 g0 + p1 g1 - g1 = p0 (g0 - g1) and Delta_1 = p1 (g1 - g0).
+    p = np.array([0.7, 0.3])
+    P = np.array([[0.0, 1.0], [1.0, 0.0]])
+    R = np.array([1.0, 0.0])
+    got = credit("oracle", 0, 1.0, p, P, None, rewards_all=R)
+    np.testing.assert_allclose(got, [0.7, -0.3])
+
+
+def test_removal_by_hand_three_agents():
+    # p from Eq. (3) with eps = 0 on scores log(1), log(2), log(1): p = (1/4, 1/2, 1/4)
+    s = np.log([1.0, 2.0, 1.0])
+    p, P = _slate(s, eps=0.0)
+    np.testing.assert_allclose(p, [0.25, 0.5, 0.25])
+    np.testing.assert_allclose(P[0], [0, 2 / 3, 1 / 3])
+    mu = np.array([0.5, 0.5, 0.5])
+    # I = 1, G = 1: g_hat = (0.5, 0.5 + (1 - 0.5)/0.5, 0.5) = (0.5, 1.5, 0.5)
+    got = credit("removal", 1, 1.0, p, P, mu)
+    g_hat = np.array([0.5, 1.5, 0.5])
+    full = p @ g_hat  # 1.0
+    expect = [full - P[i] @ g_hat for i in range(3)]  # (1 - 7/6, 1 - 1/2, 1 - 7/6)
+    np.testing.assert_allclose(got, expect)
+    np.testing.assert_allclose(got, [-1 / 6, 0.5, -1 / 6])
+
+
+def test_removal_equals_exact_when_outcome_model_is_exact():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(5, 4))
+    p, P = _slate(s, eps=0.2)
+    R = rng.integers(0, 2, size=(5, 4)).astype(float)
+    exact = routing.removal_contributions(R, p, P)
+    for I in range(4):
+        sel = np.full(5, I)
+        got = credit("removal", sel, R[:, I], p, P, mu_hat=R)
+        np.testing.assert_allclose(got, exact, atol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.3])
+def test_removal_unbiased_by_exact_average_over_selection(eps):
+    # Corollary 3: E_I[Delta_hat^rem] = Delta^rem for ANY fixed outcome model (R deterministic)
+    rng = np.random.default_rng(1)
+    s = rng.normal(size=(3, 3))
+    p, P = _slate(s, eps=eps)
+    R = rng.integers(0, 2, size=(3, 3)).astype(float)
+    mu_bad = rng.uniform(size=(3, 3))  # deliberately wrong
+    avg = sum(p[:, [I]] * credit("removal", np.full(3, I), R[:, I], p, P, mu_bad) for I in range(3))
+    np.testing.assert_allclose(avg, credit("oracle", np.zeros(3, int), R[:, 0], p, P, None, rewards_all=R),
+                               atol=1e-12)
+    # and a single draw is not the exact value in general (the estimate has variance)
+    one = credit("removal", np.zeros(3, int), R[:, 0], p, P, mu_bad)
+    assert not np.allclose(one, avg)
+
+
+def test_wta_average_is_not_removal():
+    # winner-take-all credits agent i with p_i R_i on average: private utility, not removal
+    p, P = _slate([0.0, 2.0, 0.0], eps=0.1)
+    R = np.array([1.0, 1.0, 0.0])
+    avg = sum(p[I] * credit("wta", I, R[I], p, P, None) for I in range(3))
+    np.testing.assert_allclose(avg, p * R)
+    assert not np.allclose(avg, credit("oracle", 0, 1.0, p, P, None, rewards_all=R))
+
+
+def test_credit_accepts_torch_and_batch_shapes():
+    s = torch.randn(2, 3, 4, dtype=torch.float64)
+    p, P = _slate(s.numpy())
+    sel = torch.zeros(2, 3, dtype=torch.long)
+    out = credit("removal", sel, torch.ones(2, 3), torch.from_numpy(p), torch.from_numpy(P), torch.full((2, 3, 4), 0.3))
+    assert isinstance(out, np.ndarray) and out.shape == (2, 3, 4)
+
+
+def test_credit_bad_inputs():
+    p, P = _slate([0.0, 0.0])
+    with pytest.raises(ValueError, match="signal"):
+        credit("shapley", 0, 1.0, p, P, None)
+    with pytest.raises(ValueError, match="rewards_all"):
+        credit("oracle", 0, 1.0, p, P, None)
+    with pytest.raises(ValueError, match="rewards_all"):
+        credit("oracle", 0, 1.0, p, P, None, rewards_all=[1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="reward"):
+        credit("oracle", 0, 0.0, p, P, None, rewards_all=[1.0, 0.0])  # G != R^(I)
+    with pytest.raises(ValueError, match="p"):
+        credit("removal", 0, 1.0, [1.0, 0.0], P, [0.5, 0.5])  # zero propensity: Eq. (19) divides by it
+    with pytest.raises(ValueError, match="selected"):
+        credit("wta", 2, 1.0, p, P, None)
+    with pytest.raises(ValueError, match="NaN"):
+        credit("removal", 0, float("nan"), p, P, [0.5, 0.5])
+
+
+def test_group_standardize_by_hand():
+    x = np.array([[1.0, 5.0], [0.0, 5.0], [0.0, 5.0], [1.0, 5.0]])  # (m=4, K=2): agent 1 constant
+    z = group_standardize(x)
+    a = 0.5 / np.sqrt(1 / 3)  # mean 0.5, unbiased std sqrt(1/3) (TRL's convention)
+    np.testing.assert_allclose(z[:, 0], [a, -a, -a, a], rtol=1e-5)
+    np.testing.assert_array_equal(z[:, 1], 0.0)  # a constant group gets no advantage
+    # batch of prompts (B, m, K): each (prompt, agent) group separately
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(3, 5, 4)) * rng.uniform(1, 10, size=(3, 1, 4)) + 7
+    zy = group_standardize(y, eps=0.0)
+    np.testing.assert_allclose(zy.mean(axis=1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(zy.std(axis=1, ddof=1), 1.0)
+    t = group_standardize(torch.tensor(y))
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_allclose(t.numpy(), group_standardize(y))
+
+
+def test_group_standardize_bad_inputs():
+    with pytest.raises(ValueError, match="at least 2"):
+        group_standardize(np.ones((1, 3)))
+    with pytest.raises(ValueError, match="NaN"):
+        group_standardize(np.array([[np.nan], [1.0]]))
+    with pytest.raises(ValueError, match="eps"):
+        group_standardize(np.ones((2, 2)), eps=-1)
+
+
+def test_clipped_loss_on_policy_is_minus_mean_advantage_per_token():
+    logp = torch.randn(3, 4, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    loss = clipped_grpo_loss(logp, logp.detach(), adv, mask)
+    expect = -(4 * 1.0 + 2 * -2.0 + 1 * 0.5) / 7  # dapo: sum over active tokens / their number
+    assert float(loss.detach()) == pytest.approx(expect)
+    g = torch.autograd.grad(loss, logp)[0]  # d/dlogp of -r A at r = 1 is -A / n_tokens on active tokens
+    np.testing.assert_allclose(g.numpy(), (-adv[:, None] * mask / 7).numpy(), rtol=1e-6)
+    grpo = clipped_grpo_loss(logp, logp.detach(), adv, mask, loss_type="grpo")
+    assert float(grpo.detach()) == pytest.approx(-(1.0 - 2.0 + 0.5) / 3)
+    dr = clipped_grpo_loss(logp, logp.detach(), adv, mask, loss_type="dr_grpo", max_completion_length=10)
+    assert float(dr.detach()) == pytest.approx(-(4 - 4 + 0.5) / 30)
+
+
+def test_clipped_loss_clips_by_hand():
+    old = torch.zeros(2, 1)
+    new = torch.full((2, 1), float(np.log(1.5)), requires_grad=True)  # ratio 1.5 > 1 + 0.2
+    adv = torch.tensor([2.0, -2.0])
+    mask = torch.ones(2, 1)
+    loss = clipped_grpo_loss(new, old, adv, mask, clip_eps=0.2, loss_type="grpo")
+    # positive advantage: min(1.5 A, 1.2 A) = 1.2 A (clipped, no gradient)
+    # negative advantage: min(1.5 A, 1.2 A) = 1.5 A (unclipped, gradient -A * r)
+    assert float(loss.detach()) == pytest.approx((-1.2 * 2 + 1.5 * 2) / 2)
+    g = torch.autograd.grad(loss, new)[0]
+    np.testing.assert_allclose(g.numpy().ravel(), [0.0, 1.5 * 2 / 2], rtol=1e-6)
+    # asymmetric clipping (DAPO's epsilon_high): 1.5 < 1 + 0.6, so nothing is clipped
+    loss_hi = clipped_grpo_loss(new, old, adv, mask, clip_eps=0.2, clip_eps_high=0.6, loss_type="grpo")
+    assert float(loss_hi.detach()) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_clipped_loss_kl_term():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -2.0]])
+    loss = clipped_grpo_loss(logp, logp, torch.zeros(1), torch.ones(1, 2), beta=0.1, logp_ref=ref)
+    d = -0.5
+    assert float(loss.detach()) == pytest.approx(0.1 * (np.exp(d) - d - 1) / 2)
+
+
+def test_clipped_loss_bad_inputs():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="loss_type"):
+        clipped_grpo_loss(x, x, torch.zeros(2), x, loss_type="ppo")
+    with pytest.raises(ValueError, match="shape"):
+        clipped_grpo_loss(x, torch.zeros(2, 4), torch.zeros(2), x)
+    with pytest.raises(ValueError, match="advantages"):
+        clipped_grpo_loss(x, x, torch.zeros(3), x)
+    with pytest.raises(ValueError, match="NaN"):
+        clipped_grpo_loss(x, x, torch.tensor([0.0, float("nan")]), x)
+    with pytest.raises(ValueError, match="logp_ref"):
+        clipped_grpo_loss(x, x, torch.zeros(2), x, beta=0.1)
+    with pytest.raises(ValueError, match="clip_eps"):
+        clipped_grpo_loss(x, x, torch.zeros(2), x, clip_eps=-0.1)
+
+
+def test_slate_layout_round_trip():
+    # rows (b, k, g) <-> slates (b, g, k): the layout the trainer relies on
+    B, K, m = 2, 3, 4
+    rows = np.arange(B * K * m)
+    slates = rows.reshape(B, K, m).transpose(0, 2, 1)
+    for b, k, g in itertools.product(range(B), range(K), range(m)):
+        assert slates[b, g, k] == (b * K + k) * m + g
+    np.testing.assert_array_equal(slates.transpose(0, 2, 1).reshape(-1), rows)
