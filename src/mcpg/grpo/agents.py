@@ -27,6 +27,7 @@ every agent).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,8 +55,9 @@ class AgentSpec:
     specialty: str | None = None
 
     def __post_init__(self):
-        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum():
-            raise ValueError(f"agent name must be a non-empty identifier other than {BASE!r}, got {self.name!r}")
+        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum() or self.name in "lora_":
+            raise ValueError(f"agent name must be an identifier other than {BASE!r} and not part of 'lora_' "
+                             f"(peft's parameter prefix), got {self.name!r}")
         if not self.temperature > 0:
             raise ValueError(f"agent {self.name!r}: temperature must be > 0, got {self.temperature}")
 
@@ -169,8 +171,8 @@ class AgentPool:
 
     def adapter_params(self, name: str) -> list[torch.nn.Parameter]:
         """The trainable parameters of one agent's adapter."""
-        key = f".{name}."
-        return [p for n, p in self.model.named_parameters() if ".lora_" in n and key in n]
+        pattern = re.compile(r"\.lora_\w+\." + re.escape(name) + r"\.")
+        return [p for n, p in self.model.named_parameters() if pattern.search(n)]
 
     # -- generation ----------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,118 @@
+"""Our clipped GRPO loss and token log-probabilities against TRL's GRPOTrainer on the same batch.
+
+TRL's ``GRPOTrainer._compute_loss`` is called directly on a hand-made batch (prompt and
+completion ids, masks, advantages, old log-probabilities), for each token aggregation
+(``loss_type``) that :func:`mcpg.grpo.objective.clipped_grpo_loss` implements; the default
+is TRL's default, ``"dapo"``.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from mcpg.grpo.agents import AgentPool, AgentSpec, Rollout  # noqa: E402
+from mcpg.grpo.models import load_base  # noqa: E402
+from mcpg.grpo.objective import clipped_grpo_loss  # noqa: E402
+
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tok, _ = load_base("tiny-random", seed=3)
+    ds = Dataset.from_list([{"prompt": "What is 2+3?"}, {"prompt": "Add 4 and 5."}] * 2)
+    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=6, report_to="none", use_cpu=True,
+                      save_strategy="no", bf16=False, fp16=False, max_steps=1, temperature=TEMPERATURE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                         args=args, train_dataset=ds, processing_class=tok)
+    tr.current_gradient_accumulation_steps = 1  # set by the training loop; one batch, no accumulation
+    return tr
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N, P, T = 4, 5, 6
+    prompt_ids = torch.randint(0, 250, (N, P), generator=g)
+    completion_ids = torch.randint(0, 250, (N, T), generator=g)
+    completion_mask = torch.ones(N, T, dtype=torch.long)
+    completion_mask[0, 4:] = 0
+    completion_mask[2, 2:] = 0
+    return dict(prompt_ids=prompt_ids, prompt_mask=torch.ones(N, P, dtype=torch.long), completion_ids=completion_ids,
+                completion_mask=completion_mask, advantages=torch.tensor([1.0, -0.5, 0.3, -0.8]),
+                num_items_in_batch=completion_mask.sum())
+
+
+def _trl_logps(tr, b):
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    logps, _, _ = tr._get_per_token_logps_and_entropies(tr.model, ids, mask, b["completion_ids"].shape[1])
+    return logps
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
+def test_clipped_loss_equals_trl(trainer, loss_type):
+    b = _batch()
+    trainer.model.train()
+    with torch.no_grad():
+        ref = _trl_logps(trainer, b)
+    # old log-probs off by up to ~0.3 nats so that some ratios leave [1 - eps, 1 + eps] and clip
+    old = ref + 0.3 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    b["old_per_token_logps"] = old
+    trainer.loss_type = loss_type
+    try:
+        trainer.model.zero_grad()
+        loss_trl = trainer._compute_loss(trainer.model, b)
+        loss_trl.backward()
+        grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        trainer.model.zero_grad()
+        ours = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
+                                 clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high,
+                                 loss_type=loss_type, max_completion_length=trainer.max_completion_length)
+        ours.backward()
+        grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    finally:
+        trainer.loss_type = "dapo"
+        trainer.model.zero_grad()
+    ratio = torch.exp(ref - old)[b["completion_mask"].bool()]
+    assert ((ratio < 0.8) | (ratio > 1.2)).any(), "the batch should exercise clipping"
+    torch.testing.assert_close(ours.detach(), loss_trl.detach(), rtol=1e-6, atol=1e-7)
+    assert len(grads_ours) == len(grads_trl) > 0
+    for a, c in zip(grads_ours, grads_trl):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
+
+
+def test_trl_default_loss_type_is_what_we_default_to(trainer):
+    from trl import GRPOConfig
+
+    assert GRPOConfig.__dataclass_fields__["loss_type"].default == "dapo"
+    assert clipped_grpo_loss.__defaults__[2] == "dapo"
+
+
+def test_agent_logprobs_equal_trl(trainer):
+    """One agent's token log-probabilities (sampling temperature included) equal TRL's."""
+    b = _batch(seed=2)
+    base = trainer.model
+    tok = trainer.processing_class
+    pool = AgentPool(base, tok, [AgentSpec("alpha", "r", TEMPERATURE), AgentSpec("beta", "r", 1.3)], lora_r=2)
+    try:
+        n = b["prompt_ids"].shape[0]
+        roll = Rollout(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"], [""] * n,
+                       ["alpha"] * n, torch.full((n,), TEMPERATURE))
+        with torch.no_grad():
+            ours = pool.token_logprobs(roll)
+            pool.model.eval()
+            with pool.model.disable_adapter():  # LoRA B = 0 at init anyway; compare against the bare base
+                ref = _trl_logps(trainer, b)
+        m = b["completion_mask"].bool()
+        torch.testing.assert_close(ours[m], ref[m], rtol=1e-5, atol=1e-5)
+    finally:
+        pool.model.unload()  # take the adapters off the shared module-scoped model
