@@ -6,6 +6,9 @@
   is deleted; retention is defined for every group.
 - :func:`random_pipeline` and :func:`random_parallel_pool`: random small systems for
   property-based tests (random policies and rewards).
+- :func:`random_team`: a parallel team whose reward is mostly the average of what each
+  agent adds, plus a tunable interaction: the teammates' variation is then noise in each
+  agent's reward, which baselines conditioned on them remove (Proposition 4).
 - :func:`valuation_fields`: the retention and removal valuations v(S) = q(S) - q(∅) of a
   system at one outcome (Eq. 7) and their contribution fields, with the removal field
   left undefined (NaN) wherever one of its endpoints is.
@@ -28,6 +31,7 @@ __all__ = [
     "planner_solver_critic",
     "random_pipeline",
     "random_parallel_pool",
+    "random_team",
     "valuation_fields",
 ]
 
@@ -142,6 +146,30 @@ def random_parallel_pool(rng: np.random.Generator, K: int = 3, n_prompts: int = 
     H, M = int(n_prompts), int(n_actions)
     logits = logit_scale * rng.normal(size=(int(K), H, M))
     return mechanisms.ParallelPool(logits, rng.uniform(size=(H,) + (M,) * int(K)), noise=noise)
+
+
+def random_team(rng: np.random.Generator, K: int = 4, n_prompts: int = 2, n_actions: int = 3,
+                interaction: float = 0.2, logit_scale: float = 1.0, noise: str = "fixed") -> mechanisms.ParallelPool:
+    """A parallel team: E[G | H, A] = (1 - λ) mean_j w_j(H, A^(j)) + λ u(H, A), λ = ``interaction``.
+
+    w_j(H, a) and u(H, A) are uniform on [0, 1], so E[G | H, A] lies in [0, 1]. With λ = 0 the
+    valuation of every outcome is additive (Proposition 2); λ = 1 is a random reward table.
+    """
+    if not 0.0 <= interaction <= 1.0:
+        raise ValueError(f"interaction must lie in [0, 1], got {interaction}")
+    if int(K) != K or K < 1:
+        raise ValueError(f"K must be a positive integer, got {K}")
+    if int(n_prompts) != n_prompts or n_prompts < 1:
+        raise ValueError(f"n_prompts must be a positive integer, got {n_prompts}")
+    if int(n_actions) != n_actions or n_actions < 2:
+        raise ValueError(f"n_actions must be an integer >= 2, got {n_actions}")
+    K, H, M = int(K), int(n_prompts), int(n_actions)
+    shape = (H,) + (M,) * K
+    w = rng.uniform(size=(K, H, M))
+    additive = sum(w[j].reshape((H,) + tuple(M if k == j else 1 for k in range(K))) for j in range(K)) / K
+    reward = (1.0 - interaction) * np.broadcast_to(additive, shape) + interaction * rng.uniform(size=shape)
+    logits = logit_scale * rng.normal(size=(K, H, M))
+    return mechanisms.ParallelPool(logits, reward, noise=noise)
 
 
 def valuation_fields(system: mechanisms.System, h: int, actions: Sequence[int]) -> dict[str, np.ndarray]:
