@@ -1,0 +1,285 @@
+"""Tests of mcpg.outcome: outcome models from filtered feedback and the exact moments of Eq. (19)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpg import mechanisms as mech
+from mcpg import outcome as oc
+from mcpg import routing
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def _slate(seed: int, K: int, tau: float, eps: float):
+    rng = np.random.default_rng(seed)
+    s, g, mu = rng.normal(size=K), rng.uniform(size=K), rng.uniform(size=K)
+    return g, routing.router_propensities(s, tau, eps), routing.leave_one_out_propensities(s, tau, eps), mu
+
+
+def _enumerated_moments(values: np.ndarray, prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = prob[..., None]
+    mean = np.sum(w * values, axis=0)
+    return mean, np.sum(w * (values - mean) ** 2, axis=0)
+
+
+# --- exact moments of the doubly robust and winner-take-all scores ------------------------
+
+
+@SETTINGS
+@given(st.integers(0, 10**6), st.integers(2, 5), st.floats(0.2, 3.0), st.floats(0.01, 1.0),
+       st.sampled_from(["bernoulli", "fixed"]))
+def test_dr_moments_match_enumeration_of_the_library_estimator(seed, K, tau, eps, noise):
+    """The closed form of dr_removal_moments against routing.dr_removal_contributions averaged
+    over every (I, G) outcome; and its mean is Delta^rem for any outcome model (Corollary 3)."""
+    g, p, P, mu = _slate(seed, K, tau, eps)
+    sel, rew, prob = oc.enumerate_feedback(g, p, noise)
+    O = sel.shape[0]
+    est = routing.dr_removal_contributions(sel, rew, np.tile(p, (O, 1)), np.tile(P, (O, 1, 1)), np.tile(mu, (O, 1)))
+    m_enum, v_enum = _enumerated_moments(est, prob)
+    mean, var = oc.dr_removal_moments(g, p, P, mu, noise)
+    np.testing.assert_allclose(prob.sum(), 1.0)
+    np.testing.assert_allclose(mean, m_enum, atol=1e-10)
+    np.testing.assert_allclose(var, v_enum, atol=1e-9, rtol=1e-7)
+    np.testing.assert_allclose(mean, routing.removal_contributions(g, p, P), atol=1e-10)
+
+
+@SETTINGS
+@given(st.integers(0, 10**6), st.integers(2, 5), st.floats(0.01, 1.0), st.sampled_from(["bernoulli", "fixed"]))
+def test_wta_moments_match_enumeration(seed, K, eps, noise):
+    g, p, _, _ = _slate(seed, K, 1.0, eps)
+    sel, rew, prob = oc.enumerate_feedback(g, p, noise)
+    m_enum, v_enum = _enumerated_moments(routing.winner_take_all_scores(sel, rew, K), prob)
+    mean, var = oc.wta_moments(g, p, noise)
+    np.testing.assert_allclose(mean, m_enum, atol=1e-12)
+    np.testing.assert_allclose(var, v_enum, atol=1e-12)
+    assert (var <= 0.25 + 1e-12).all()
+
+
+def test_dr_moments_batched_over_a_whole_pool():
+    pool = mech.random_routed_pool(np.random.default_rng(3), K=3, n_prompts=2, n_actions=3, eps=0.2)
+    g, p, P = pool.candidate_values(), pool.propensities(), pool.leave_one_out_propensities()
+    mean, var = oc.dr_removal_moments(g, p, P, np.zeros_like(g))
+    np.testing.assert_allclose(mean, pool.exact_removal_contributions(), atol=1e-12)
+    assert var.shape == g.shape and (var >= 0).all()
+
+
+def test_perfect_outcome_model_with_fixed_rewards_has_zero_variance():
+    g, p, P, _ = _slate(1, 4, 1.0, 0.1)
+    _, var = oc.dr_removal_moments(g, p, P, g, noise="fixed")
+    np.testing.assert_allclose(var, 0.0, atol=1e-14)
+    _, var_b = oc.dr_removal_moments(g, p, P, g, noise="bernoulli")
+    assert (var_b > 0).all()  # Bernoulli rewards keep an irreducible part
+
+
+def test_dr_variance_grows_like_one_over_eps_for_a_greedy_router():
+    """Hard router (tau -> 0): the disfavoured propensities are eps / K and Var ~ c / eps."""
+    s, g = np.array([0.0, 1.0, 2.0]), np.array([0.3, 0.6, 0.8])
+    eps = np.array([1e-2, 1e-3, 1e-4])
+    var = np.array([oc.dr_removal_moments(g, routing.router_propensities(s, 1e-3, e),
+                                          routing.leave_one_out_propensities(s, 1e-3, e), np.zeros(3))[1]
+                    for e in eps])
+    ratio = var[1:] / var[:-1]
+    np.testing.assert_allclose(ratio[:, 2], 10.0, rtol=0.02)  # removing the favourite: 1/eps growth
+    wta = np.array([oc.wta_moments(g, routing.router_propensities(s, 1e-3, e))[1] for e in eps])
+    assert (wta <= 0.25).all()
+
+
+def test_draw_feedback_frequencies_and_means():
+    rng = np.random.default_rng(0)
+    g, p, _, _ = _slate(2, 3, 1.0, 0.3)
+    n = 200_000
+    sel, rew = oc.draw_feedback(g, p, n, rng)
+    freq = np.bincount(sel, minlength=3) / n
+    np.testing.assert_allclose(freq, p, atol=5 * np.sqrt(p * (1 - p) / n).max())
+    for j in range(3):
+        r = rew[sel == j]
+        assert abs(r.mean() - g[j]) < 5 * np.sqrt(g[j] * (1 - g[j]) / r.size)
+    sel_f, rew_f = oc.draw_feedback(g, p, 10, rng, noise="fixed")
+    np.testing.assert_allclose(rew_f, g[sel_f])
+
+
+# --- fitting the outcome model ------------------------------------------------------------
+
+
+def _router_reads_answers(seed: int = 0, n_prompts: int = 6, blind: bool = False):
+    """A pool whose router strongly prefers candidates with high g (it reads the answer)."""
+    rng = np.random.default_rng(seed)
+    K, M = 3, 3
+    g = rng.beta(0.5, 0.5, size=(K, n_prompts, M))
+    scores = rng.normal(size=(K, n_prompts, 1)) if blind else 4.0 * g
+    return mech.RoutedPool(rng.normal(size=(K, n_prompts, M)), g, scores, tau=1.0, eps=0.1), rng
+
+
+def _skill_pool(seed: int = 0, n_prompts: int = 30):
+    """Right (g = 0.9) or wrong (g = 0.1) answers; agent j is right on prompt H with
+    probability q[j, H]; the router recognises right answers (score gap 3, some noise)."""
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(0.05, 0.95, size=(3, n_prompts))
+    logits = np.stack([np.zeros_like(q), np.log(q / (1 - q))], axis=-1)
+    scores = np.array([0.0, 3.0]) + 0.5 * rng.normal(size=(3, n_prompts, 2))
+    return mech.RoutedPool(logits, np.broadcast_to([0.1, 0.9], (3, n_prompts, 2)), scores, tau=1.0, eps=0.1), q
+
+
+def test_tabular_fit_is_the_cellwise_weighted_mean():
+    """The minimiser of the (IPW) cross-entropy of a saturated model is, in each cell, the
+    self-normalised weighted mean sum (G / p_I) / sum (1 / p_I) (unweighted: the plain mean)."""
+    pool, rng = _router_reads_answers(1)
+    s = pool.sample(5000, rng)
+    cells, n = oc.candidate_cells(pool, s, "agent")
+    c_sel = cells[np.arange(len(s)), s.selected]
+    w = 1.0 / s.p[np.arange(len(s)), s.selected]
+    for weighted, ww in ((True, w), (False, np.ones_like(w))):
+        closed = np.bincount(c_sel, weights=ww * s.reward, minlength=n) / np.bincount(c_sel, weights=ww, minlength=n)
+        model = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n, l2=0.0)
+        ok = (closed > 0) & (closed < 1)
+        np.testing.assert_allclose(model.predict(np.arange(n))[ok], closed[ok], atol=1e-5)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_tabular_objective_is_the_ipw_loss_on_the_raw_slates(weighted):
+    """The tabular fit evaluates its loss from per-cell sums; at the fitted parameters that
+    equals routing.ipw_outcome_loss (or the unweighted loss) on every raw slate, plus the ridge."""
+    pool, rng = _router_reads_answers(6)
+    s = pool.sample(2000, rng)
+    cells, n = oc.candidate_cells(pool, s, "agent")
+    l2 = 1e-3
+    model = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n, l2=l2)
+    logits = torch.as_tensor(model.logits(cells))
+    raw = (routing.ipw_outcome_loss(logits, s.selected, s.reward, s.p) if weighted
+           else oc.selected_cross_entropy(logits, s.selected, s.reward))
+    ridge = 0.5 * l2 * np.sum(model.logits(np.arange(n)) ** 2)
+    assert model.loss == pytest.approx(float(raw) + ridge, rel=1e-10)
+    assert model.loss <= min(model.history) + 1e-12
+
+
+def test_weighted_fit_recovers_the_all_candidate_mean_and_unweighted_does_not():
+    """Outcome model seeing (H, agent) only; the router reads the answer. With n = 60000 slates
+    the IPW fit is within 0.05 of E[R^(j) | H, j] in every cell; the unweighted fit converges to
+    E[R^(j) | H, j, I = j] instead and misses the all-candidate mean by more than 0.1."""
+    pool, rng = _router_reads_answers(0)
+    s = pool.sample(60_000, rng)
+    cells, n = oc.candidate_cells(pool, s, "agent")
+    target = oc.cell_targets(pool, "agent")
+    gap = np.abs(target["selected_mean"] - target["mean"])
+    assert gap.max() > 0.15  # the example really has selection bias
+    mu_w = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=True, n_cells=n).predict(np.arange(n))
+    mu_u = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=False, n_cells=n).predict(np.arange(n))
+    assert np.abs(mu_w - target["mean"]).max() < 0.05
+    assert np.abs(mu_u - target["mean"]).max() > 0.1
+    assert np.abs(mu_u - target["selected_mean"]).max() < 0.05
+
+
+def test_selection_bias_is_largest_for_rarely_selected_agents():
+    """Skill example: a weak agent is selected mostly when it happens to be right, so the
+    selected-only mean overstates it; rarely selected cells carry most of the bias (exact)."""
+    from scipy.stats import spearmanr
+
+    pool, q = _skill_pool(0)
+    t = oc.cell_targets(pool, "agent")
+    bias = t["selected_mean"] - t["mean"]
+    assert (bias > 0).all()
+    np.testing.assert_allclose(t["mean"], 0.1 + 0.8 * q.T.ravel(), atol=1e-12)  # cells are (H, j)
+    rare = t["selection_rate"] < np.median(t["selection_rate"])
+    assert bias[rare].mean() > 1.5 * bias[~rare].mean()
+    assert spearmanr(t["selection_rate"], bias)[0] < -0.3
+
+
+def test_both_fits_recover_g_when_the_model_sees_the_answer():
+    """Condition (17): given (H, A^(j)), R^(j) does not depend on selection, so with cells
+    (H, j, A^(j)) both fits converge to g_j (the weights then only change the variance)."""
+    pool, rng = _router_reads_answers(2, n_prompts=3)
+    target = oc.cell_targets(pool, "answer")
+    np.testing.assert_allclose(target["selected_mean"], target["mean"], atol=1e-12)
+    np.testing.assert_allclose(target["mean"], pool.candidate_reward.transpose(1, 0, 2).ravel(), atol=1e-12)
+    s = pool.sample(60_000, rng)
+    cells, n = oc.candidate_cells(pool, s, "answer")
+    for weighted in (True, False):
+        mu = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n).predict(np.arange(n))
+        assert np.abs(mu - target["mean"]).max() < 0.08
+
+
+def test_candidate_blind_router_has_no_selection_bias():
+    pool, _ = _router_reads_answers(4, blind=True)
+    t = oc.cell_targets(pool, "agent")
+    np.testing.assert_allclose(t["selected_mean"], t["mean"], atol=1e-12)
+    np.testing.assert_allclose(t["mass"].sum(), pool.n_agents)
+
+
+def test_float_features_logistic_matches_tabular_on_one_hot():
+    pool, rng = _router_reads_answers(5, n_prompts=2)
+    s = pool.sample(1500, rng)
+    cells, n = oc.candidate_cells(pool, s, "agent")
+    onehot = np.eye(n)[cells]
+    tab = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, n_cells=n, l2=0.0)
+    lin = oc.fit_outcome_model(onehot, s.selected, s.reward, s.p, l2=0.0)
+    np.testing.assert_allclose(lin.predict(np.eye(n)), tab.predict(np.arange(n)), atol=1e-4)
+    mlp = oc.fit_outcome_model(onehot, s.selected, s.reward, s.p, hidden=4, max_iter=20)
+    assert mlp.predict(onehot).shape == cells.shape
+    assert mlp.loss < mlp.history[0]
+
+
+def test_selected_cross_entropy_is_the_loss_with_unit_propensities():
+    logits = torch.tensor([[0.0, 2.0], [1.0, -1.0]])
+    sel, rew = torch.tensor([1, 0]), torch.tensor([1.0, 0.0])
+    expected = (np.log1p(np.exp(-2.0)) + np.log1p(np.exp(1.0))) / 2
+    assert float(oc.selected_cross_entropy(logits, sel, rew)) == pytest.approx(expected)
+
+
+# --- calibration --------------------------------------------------------------------------
+
+
+def test_brier_and_reliability_by_hand():
+    assert oc.brier_score([0.5, 0.5], [0, 1]) == pytest.approx(0.25)
+    assert oc.brier_score([1.0, 0.0, 0.2], [1, 0, 1]) == pytest.approx(0.64 / 3)
+    assert oc.brier_score([0.0, 1.0], [0, 0], weights=[3, 1]) == pytest.approx(0.25)
+    rc = oc.reliability_curve([0.05, 0.05, 0.95, 0.95, 0.55], [0, 1, 1, 1, 0], n_bins=10)
+    assert list(rc["bin"]) == [0, 5, 9] and rc["count"].sum() == 5
+    np.testing.assert_allclose(rc["observed"], [0.5, 0.0, 1.0])
+    np.testing.assert_allclose(rc["predicted"], [0.05, 0.55, 0.95])
+
+
+def test_calibrated_predictions_lie_on_the_diagonal():
+    rng = np.random.default_rng(0)
+    q = rng.uniform(size=200_000)
+    y = (rng.random(q.size) < q).astype(float)
+    rc = oc.reliability_curve(q, y, n_bins=10)
+    assert np.all(np.abs(rc["observed"] - rc["predicted"]) < 4 * rc["se"] + 1e-3)
+    assert oc.brier_score(q, y) == pytest.approx(1 / 6, abs=3e-3)  # E[q(1-q)] for q ~ U(0,1)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: oc.dr_removal_moments([0.5, 0.5], [1.0, 0.0], np.zeros((2, 2)), [0, 0]), "p"),
+    (lambda: oc.dr_removal_moments([0.5, 0.5], [0.5, 0.5], np.zeros((2, 2)), [0, 0, 0]), "mu_hat"),
+    (lambda: oc.dr_removal_moments([0.5, 0.5], [0.5, 0.5], np.zeros((2, 3)), [0, 0]), "P"),
+    (lambda: oc.dr_removal_moments([0.5, 1.5], [0.5, 0.5], np.zeros((2, 2)), [0, 0]), "g"),
+    (lambda: oc.wta_moments([0.5, 0.5], [0.5, 0.5], noise="gauss"), "noise"),
+    (lambda: oc.enumerate_feedback([0.5, 0.5], [0.7, 0.7]), "p"),
+    (lambda: oc.draw_feedback([0.5, 0.5], [0.5, 0.5], 0, np.random.default_rng(0)), "n"),
+    (lambda: oc.brier_score([0.5, np.nan], [0, 1]), "prob"),
+    (lambda: oc.brier_score([0.5, 0.5], [0, 2]), "outcome"),
+    (lambda: oc.brier_score([0.5], [0, 1]), "prob"),
+    (lambda: oc.reliability_curve([0.5], [1], n_bins=0), "n_bins"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5], [1.0, 0.0]]), "p"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0], [[0.5, 0.5]] * 2), "reward"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0.0, 1.0]), [1.0, 0.0], [[0.5, 0.5]] * 2), "selected"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 3)), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5]] * 2), "features"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0, 2.0], [[0.5, 0.5]] * 2), "reward"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_a_zero_propensity_at_the_selected_candidate_is_refused_only_when_weighting():
+    cells, sel, rew, p = np.zeros((2, 2), int), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5], [1.0, 0.0]]
+    with pytest.raises(ValueError, match="p must be strictly positive"):
+        oc.fit_outcome_model(cells, sel, rew, p, weighted=True)
+    oc.fit_outcome_model(cells, sel, rew, p, weighted=False)  # the unweighted loss never divides
