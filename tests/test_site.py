@@ -1,0 +1,119 @@
+"""The built site in a real browser: every page loads in headless Chromium without console
+errors, its math is typeset by MathJax, its figures load, and no internal link is broken.
+
+Runs when ``MCPG_SITE`` names a built site (``book/_build/html``); CI sets it after the
+build. Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``MCPG_CHROMIUM``) and the
+``playwright`` package (only its driver is used; it downloads no browser). With
+``MCPG_SCREENSHOTS`` set to a folder, a full-page screenshot of every page is saved there.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import pytest
+
+SITE = os.environ.get("MCPG_SITE")
+CHROMIUM = os.environ.get("MCPG_CHROMIUM", "/usr/bin/chromium")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.skipif(not SITE, reason="set MCPG_SITE to a built site (book/_build/html) to run")
+
+
+def _pages(root: Path) -> list[Path]:
+    skip = ("_static", "_sources", "_images", "jupyter_execute")
+    return sorted(p for p in root.rglob("*.html") if not p.relative_to(root).parts[0].startswith(skip))
+
+
+@pytest.fixture(scope="module")
+def site():
+    root = Path(SITE).resolve()
+    assert (root / "index.html").exists(), f"no built site at {root}"
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output readable
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield b
+        b.close()
+
+
+def _ids(html: str) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', html))
+
+
+def test_every_page_in_chromium(site, browser):
+    root, base = site
+    pages = _pages(root)
+    assert len(pages) >= 2
+    shots = os.environ.get("MCPG_SCREENSHOTS")
+    problems: list[str] = []
+    ids_cache: dict[Path, set[str]] = {}
+    for path in pages:
+        rel = path.relative_to(root).as_posix()
+        redirect = re.search(r'http-equiv="refresh" content="0; url=([^"]+)"', path.read_text(encoding="utf-8"), re.I)
+        if redirect:  # index.html only forwards to the first page
+            if not (path.parent / redirect.group(1)).exists():
+                problems.append(f"{rel}: redirects to a missing page {redirect.group(1)}")
+            continue
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+        page.on("requestfailed", lambda r, errors=errors: errors.append(f"failed request {r.url}"))
+        page.on("response", lambda r, errors=errors: errors.append(f"HTTP {r.status} for {r.url}") if r.status >= 400 else None)
+        page.goto(base + rel, wait_until="load")
+        # math: wait for MathJax, then every math element must hold a typeset container
+        n_math = page.evaluate("document.querySelectorAll('.math').length")
+        if n_math:
+            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
+            page.evaluate("MathJax.startup.promise")
+            raw = page.evaluate("[...document.querySelectorAll('.math')].filter(e => !e.querySelector('mjx-container')).length")
+            if raw:
+                problems.append(f"{rel}: {raw} of {n_math} math elements not typeset")
+        # figures and other images
+        broken = page.evaluate("[...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+        problems += [f"{rel}: image did not load: {src}" for src in broken]
+        # internal links: the target file exists and so does the anchor
+        hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
+        for href in hrefs:
+            if re.match(r"^(https?:|mailto:|javascript:|data:)", href):
+                continue
+            url = urlparse(urljoin(base + rel, href))
+            target = root / unquote(url.path.lstrip("/"))
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                problems.append(f"{rel}: broken link {href}")
+            elif url.fragment and target.suffix == ".html":
+                ids = ids_cache.setdefault(target, _ids(target.read_text(encoding="utf-8")))
+                if unquote(url.fragment) not in ids:
+                    problems.append(f"{rel}: link to a missing anchor {href}")
+        problems += [f"{rel}: console: {e}" for e in errors]
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(shots) / (rel.replace("/", "__") + ".png")), full_page=True)
+        page.close()
+    assert not problems, "\n".join(problems)
