@@ -83,6 +83,23 @@ def test_random_parallel_pool_is_one_layer():
     assert pool.layers == [[0, 1, 2]] and pool.joint_shape == (2, 3, 3, 3)
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 1.0))
+def test_random_team_is_additive_exactly_without_interaction(seed, lam):
+    team = systems.random_team(np.random.default_rng(seed), K=3, n_prompts=1, n_actions=2, interaction=lam)
+    G = team.reward_mean().numpy()
+    assert G.min() >= 0.0 and G.max() <= 1.0
+    v = M.valuation_at(M.retention_values(team), 0, [1, 0, 1])
+    if lam == 0.0:
+        assert fields.is_additive(v)
+    # the mixed second difference of E[G | H, A] vanishes iff the reward has no interaction
+    mixed = G[0, 1, 1, :] - G[0, 1, 0, :] - G[0, 0, 1, :] + G[0, 0, 0, :]
+    if lam == 0.0:
+        assert np.abs(mixed).max() < 1e-12
+    elif lam > 1e-3:
+        assert np.abs(mixed).max() > 1e-9
+
+
 @pytest.mark.parametrize(
     "call, name",
     [
@@ -92,6 +109,7 @@ def test_random_parallel_pool_is_one_layer():
         (lambda: systems.planner_solver_critic(keep=np.nan), "keep"),
         (lambda: systems.random_pipeline(np.random.default_rng(0), K=1), "K"),
         (lambda: systems.random_parallel_pool(np.random.default_rng(0), n_actions=1), "n_actions"),
+        (lambda: systems.random_team(np.random.default_rng(0), interaction=1.5), "interaction"),
         (lambda: systems.valuation_fields(systems.planner_solver_critic(), 2, [0, 0, 0]), "h"),
         (lambda: systems.valuation_fields(systems.planner_solver_critic(), 0, [0, 2, 0]), "actions"),
     ],

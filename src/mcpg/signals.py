@@ -21,8 +21,9 @@ pipeline the history H_l of agent i's layer holds the outputs of the earlier lay
 together with those: the conditioning set is ``history_mask(system, i) | S``.
 
 A baseline or signal may be given as a joint table (numpy array or torch tensor that
-broadcasts to ``system.joint_shape``: a function of the prompt and every action), as an int
-S (meaning q^ret(S) = E[G | H, A^(S)]), or as a list of K such objects, one per agent.
+broadcasts to ``system.joint_shape``: a function of the prompt and every action; a float is
+a constant), as an int S (meaning q^ret(S) = E[G | H, A^(S)], so ``0`` is E[G | H] while
+``0.0`` is no baseline), or as a list of K such objects, one per agent.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ __all__ = [
     "layer_backgrounds",
     "all_cells",
     "conditional_expectation",
+    "baseline_tables",
     "baseline_bias",
+    "baseline_estimate",
     "is_valid_baseline",
     "signal_bias",
     "retention_entry",
@@ -148,8 +151,12 @@ def conditional_expectation(system: System, X, S: int) -> np.ndarray:
     return np.broadcast_to(num / den, system.joint_shape).copy()
 
 
-def _per_agent(system: System, B: Baseline, name: str) -> list[np.ndarray]:
-    """Resolve a baseline/signal argument to one joint table per agent (see module docstring)."""
+def baseline_tables(system: System, B: Baseline, name: str = "B") -> list[np.ndarray]:
+    """One joint table per agent from a baseline argument (see the module docstring).
+
+    An int S becomes q^ret(S) = E[G | H, A^(S)]; a table is shared by every agent; a list
+    gives agent i its i-th entry. Returns K arrays of the joint shape.
+    """
     K = system.n_agents
 
     def one(b, nm):
@@ -172,8 +179,21 @@ def baseline_bias(system: System, B: Baseline) -> list[np.ndarray]:
     E[B_i | H_l, A^(i)] = E[B_i | H_l] (see :func:`is_valid_baseline`). Returns one array of
     shape θ_i.shape per agent.
     """
-    tables = _per_agent(system, B, "B")
+    tables = baseline_tables(system, B, "B")
     return [mechanisms.score_expectation(system, t)[i] for i, t in enumerate(tables)]
+
+
+def baseline_estimate(system: System, samples: Samples, B: Baseline) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Score-function estimates of E[Ψ_i (G - B_i)] from draws, with standard errors (Lemma 1).
+
+    G is each draw's realised reward and B_i the baseline's value at the draw. Returns, per
+    agent, (mean, standard error) of shape θ_i.shape; by Lemma 1 the mean estimates
+    ∇_θi J_sys when B_i is valid and ∇_θi J_sys - E[Ψ_i B_i] in general.
+    """
+    tables = baseline_tables(system, B, "B")
+    idx = samples.index()
+    signal = np.stack([samples.reward - t[idx] for t in tables], axis=1)
+    return mechanisms.score_function_estimate(system, samples, signal)
 
 
 def is_valid_baseline(system: System, i: int, B: Baseline, atol: float = 1e-10) -> bool:
@@ -185,7 +205,7 @@ def is_valid_baseline(system: System, i: int, B: Baseline, atol: float = 1e-10) 
     i = _check_agent(system, i)
     if not np.isfinite(atol) or atol < 0:
         raise ValueError(f"atol must be a non-negative number, got {atol}")
-    b = _per_agent(system, B, "B")[i]
+    b = baseline_tables(system, B, "B")[i]
     hist = history_mask(system, i)
     with_i = conditional_expectation(system, b, hist | (1 << i))
     without = conditional_expectation(system, b, hist)
@@ -198,7 +218,7 @@ def signal_bias(system: System, X: Baseline) -> list[np.ndarray]:
     ``X`` as for baselines; an int S means the signal q^ret(S), rarely what you want, so
     pass the joint table G - q^ret(S) (or a field entry) for a signal.
     """
-    tables = _per_agent(system, X, "X")
+    tables = baseline_tables(system, X, "X")
     grads = mechanisms.system_gradient(system)
     return [mechanisms.score_expectation(system, t)[i] - grads[i] for i, t in enumerate(tables)]
 
@@ -318,7 +338,7 @@ def exact_estimator_variance(system: System, B: Baseline) -> np.ndarray:
     E[(G - B)² | H, A] = E[G² | H, A] - 2 B E[G | H, A] + B². A Monte Carlo average of n
     draws has this variance divided by n. Returns shape (K,).
     """
-    tables = _per_agent(system, B, "B")
+    tables = baseline_tables(system, B, "B")
     P = _joint_prob(system)
     G1 = system.reward_mean().detach().numpy()
     G2 = system.reward_second_moment().detach().numpy()
@@ -342,7 +362,7 @@ def estimator_variance(system: System, samples: Samples, baseline: Baseline) -> 
     n = len(samples)
     if n < 2:
         raise ValueError("samples must hold at least two draws")
-    tables = _per_agent(system, baseline, "baseline")
+    tables = baseline_tables(system, baseline, "baseline")
     psi = system.score_vectors(samples)
     idx = samples.index()
     var, se = np.empty(system.n_agents), np.empty(system.n_agents)
