@@ -243,7 +243,7 @@ class AgentPool:
         """One adapter's weights, keyed by parameter name with the adapter name removed."""
         from peft import get_peft_model_state_dict
 
-        return {k: v.detach().cpu().contiguous() for k, v in
+        return {k: v.detach().cpu().clone().contiguous() for k, v in
                 get_peft_model_state_dict(self.model, adapter_name=name).items()}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:

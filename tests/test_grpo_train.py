@@ -1,0 +1,182 @@
+"""mcpg.grpo end to end on a tiny random model on the CPU: train, evaluate, resume, bad input."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mcpg.grpo.__main__ import main
+from mcpg.grpo.configs import resolve_config
+from mcpg.grpo.train import EVAL_KEYS, Engine, train
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _fixture_data(monkeypatch):
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("seconds")  # wall-clock time is the one thing allowed to differ
+    return rows
+
+
+def _weights(run: Path) -> dict:
+    out = {f"adapters/{p.name}": load_file(str(p)) for p in sorted((run / "adapters").iterdir())}
+    out["router"] = load_file(str(run / "router.safetensors"))
+    return out
+
+
+@pytest.mark.parametrize("signal", ["wta", "removal", "oracle"])
+def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
+    run = tmp_path / "run"
+    rc = main(["train", "--config", "tiny-random", "--signal", signal, "--output", str(run), "--updates", "2",
+               "--no-progress"])
+    assert rc == 0
+    files = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
+    assert {"config.json", "metrics.jsonl", "eval.json", "router.safetensors", "adapters/money.safetensors",
+            "adapters/time.safetensors", "adapters/geometry.safetensors", "checkpoint/state.json",
+            "checkpoint/optimizer.pt", "checkpoint/rng_rank0.pt"} <= files
+    assert not any(f.endswith((".bin", ".pkl")) for f in files)
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["signal"] == signal and saved["config"]["model"] == "tiny-random"
+    rows = _metrics(run)
+    assert [r["update"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["signal"] == signal and 0 <= r["reward"] <= r["oracle"] <= 1
+        assert 0 <= r["entropy"] <= np.log(3) + 1e-9 and len(r["loss"]) == 3
+        assert sum(r["selected_fraction"]) == pytest.approx(1.0)
+    ev = json.loads((run / "eval.json").read_text())
+    assert set(EVAL_KEYS) <= set(ev) and ev["n"] == 4 and ev["updates"] == 2
+    assert ev["regret"] == pytest.approx(ev["oracle"] - ev["accuracy"])
+    assert 0 <= ev["accuracy"] <= ev["oracle"] <= 1 and 0 <= ev["brier"] <= 1 and 0 <= ev["entropy"] <= np.log(3)
+    assert ev["specialization"] is None or 0 <= ev["specialization"] <= 1
+    assert "base_accuracy" in ev and len(ev["agent_accuracy"]) == 3
+    capsys.readouterr()
+    # `evaluate --run` reloads the saved weights and reproduces the evaluation
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert {k: again[k] for k in EVAL_KEYS} == {k: ev[k] for k in EVAL_KEYS}
+
+
+def test_removal_signal_moves_every_adapter(tmp_path):
+    # All rewards are 0 for a random model, yet the removal signal is not (mu_hat != G), so
+    # every agent gets non-zero advantages and its LoRA B matrices leave 0.
+    run = tmp_path / "run"
+    train("tiny-random", "removal", run, updates=1)
+    for name, w in _weights(run).items():
+        if name.startswith("adapters/"):
+            assert max(float(v.abs().max()) for k, v in w.items() if "lora_B" in k) > 0, name
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    kw = dict(updates=3)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    ev_full = train("tiny-random", "removal", full, **kw)
+    assert train("tiny-random", "removal", cut, stop_after=1, **kw) is None  # "crash" after update 1
+    assert not (cut / "eval.json").exists() and len(_metrics(cut)) == 1
+    # resume in a fresh process, as after a real interruption
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
+    proc = subprocess.run([sys.executable, "-m", "mcpg.grpo", "train", "--config", "tiny-random", "--signal",
+                           "removal", "--output", str(cut), "--resume", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _metrics(cut) == _metrics(full)
+    ev_cut = json.loads((cut / "eval.json").read_text())
+    assert ev_cut == json.loads((full / "eval.json").read_text()) == ev_full
+    wf, wc = _weights(full), _weights(cut)
+    assert wf.keys() == wc.keys()
+    for name in wf:
+        assert all(torch.equal(wf[name][k], wc[name][k]) for k in wf[name]), name
+
+
+def test_resume_after_metrics_outran_the_checkpoint(tmp_path):
+    # a crash between writing a metrics row and the checkpoint: resume drops the extra row
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train("tiny-random", "wta", full, updates=2, checkpoint_every=1)
+    train("tiny-random", "wta", cut, updates=2, stop_after=1)
+    with open(cut / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"update": 2, "stale": True}) + "\n")
+    train("tiny-random", "wta", cut, resume=True)
+    assert _metrics(cut) == _metrics(full)
+
+
+def test_micro_batches_give_the_same_update():
+    cfg = resolve_config("tiny-random")
+    results = []
+    for mb in (0, 5):
+        c = copy.deepcopy(cfg)
+        c["train_micro_batch"] = mb
+        eng = Engine(c, "removal")
+        eng.update()
+        results.append({n: eng.pool.adapter_state(n) for n in eng.pool.names})
+    for n in results[0]:
+        for k in results[0][n]:
+            torch.testing.assert_close(results[0][n][k], results[1][n][k], rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2
+
+
+def test_actor_update_ascends_the_advantage():
+    """A positive advantage raises that completion's log-probability under its own adapter,
+    a negative one lowers it, and other agents' adapters do not move."""
+    cfg = resolve_config("tiny-random", learning_rate=1e-3, max_grad_norm=0)
+    eng = Engine(cfg, "wta")
+    agent = eng.agents[1]
+    prompt = eng.pool.prompt("What is 2+3?", agent)
+    torch.manual_seed(0)
+    roll = eng.pool.generate([prompt] * 2, [agent.name] * 2, [agent.temperature] * 2, max_new_tokens=6)
+    before = {n: eng.pool.adapter_state(n) for n in eng.pool.names}
+    with torch.no_grad():
+        lp0 = (eng.pool.token_logprobs(roll) * roll.completion_mask).sum(1)
+    for _ in range(3):
+        eng._actor_update(roll, torch.tensor([1.0, -1.0]))
+    with torch.no_grad():
+        lp1 = (eng.pool.token_logprobs(roll) * roll.completion_mask).sum(1)
+    assert lp1[0] > lp0[0] and lp1[1] < lp0[1]
+    for n in eng.pool.names:
+        after = eng.pool.adapter_state(n)
+        moved = any(not torch.equal(before[n][k], after[k]) for k in after)
+        assert moved == (n == agent.name), n
+
+
+def test_bad_input(tmp_path, capsys):
+    assert main(["train", "--config", "tiny-random", "--signal", "shapley", "--output", str(tmp_path / "x")]) == 2
+    assert "signal" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"base": "tiny-random", "lerning_rate": 0.1}))
+    assert main(["train", "--config", str(bad), "--signal", "wta", "--output", str(tmp_path / "y")]) == 2
+    assert "lerning_rate" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no run to resume"):
+        train("tiny-random", "wta", tmp_path / "none", resume=True)
+    run = tmp_path / "run"
+    train("tiny-random", "wta", run, updates=1)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train("tiny-random", "wta", run, updates=1)
+    with pytest.raises(ValueError, match="signal"):
+        train("tiny-random", "removal", run, resume=True)
+    with pytest.raises(ValueError, match="prompts_per_update"):
+        train("tiny-random", "wta", tmp_path / "z", prompts_per_update=50)
+    assert main(["evaluate", "--run", str(tmp_path / "missing")]) == 2
+    assert "no config.json" in capsys.readouterr().err
