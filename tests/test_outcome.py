@@ -203,6 +203,16 @@ def test_both_fits_recover_g_when_the_model_sees_the_answer():
         assert np.abs(mu - target["mean"]).max() < 0.08
 
 
+def test_candidate_table_lifts_like_the_pool():
+    pool, _ = _router_reads_answers(7, n_prompts=2)
+    np.testing.assert_array_equal(oc.candidate_table(pool, pool.candidate_reward), pool.candidate_values())
+    shared = np.arange(6.0).reshape(2, 3)
+    lifted = oc.candidate_table(pool, shared)
+    assert lifted[1, 2, 0, 1, 0] == shared[1, 2] and lifted[1, 2, 0, 1, 2] == shared[1, 1]
+    with pytest.raises(ValueError, match="table"):
+        oc.candidate_table(pool, np.zeros((2, 2)))
+
+
 def test_candidate_blind_router_has_no_selection_bias():
     pool, _ = _router_reads_answers(4, blind=True)
     t = oc.cell_targets(pool, "agent")

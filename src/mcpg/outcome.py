@@ -40,6 +40,7 @@ __all__ = [
     "reliability_curve",
     "candidate_cells",
     "cell_targets",
+    "candidate_table",
     "enumerate_feedback",
     "draw_feedback",
     "dr_removal_moments",
@@ -370,6 +371,24 @@ def cell_targets(pool, by: str = "agent") -> dict[str, np.ndarray]:
         }
 
 
+def candidate_table(pool, table) -> np.ndarray:
+    """Lift a per-candidate table to every joint action of a routed pool.
+
+    ``table`` has shape (K, n_H, M) (entry [j, h, a]: a value of agent j's answer a to
+    prompt h, e.g. an outcome model mu_hat_j(h, a)) or (n_H, M) (shared by the agents).
+    Returns shape (n_H, M, ..., M, K) whose [h, a_1, ..., a_K, j] entry is table[j, h, a_j],
+    aligned with ``pool.candidate_values()`` and ``pool.propensities()``.
+    """
+    K, n_H, M = pool.n_agents, pool.n_prompts, pool.n_actions
+    t = as_float_array(table, "table")
+    if t.shape == (n_H, M):
+        t = np.broadcast_to(t, (K, n_H, M))
+    if t.shape != (K, n_H, M):
+        raise ValueError(f"table must have shape ({K}, {n_H}, {M}) or ({n_H}, {M}), got {t.shape}")
+    idx = np.indices(pool.joint_shape)
+    return np.stack([t[j][idx[0], idx[j + 1]] for j in range(K)], axis=-1)
+
+
 # --- filtered feedback: enumeration, draws and exact moments ------------------------------
 
 
@@ -394,8 +413,8 @@ def enumerate_feedback(g, p, noise: str = "bernoulli") -> tuple[np.ndarray, np.n
     Args:
         g: candidate values g_j(H, A^(j)), shape (..., K).
         p: propensities, shape (..., K).
-    Returns:
-        selected (O, ...) ints, reward (O, ...), prob (O, ...), O = 2K or K.
+    Returns the arrays selected (ints), reward and prob, each of shape (O, ...), with
+    O = 2K outcomes (Bernoulli) or K (fixed).
     """
     g, p = _slate(g, p)
     K, batch = g.shape[-1], g.shape[:-1]
@@ -448,8 +467,8 @@ def dr_removal_moments(g, p, P, mu_hat, noise: str = "bernoulli") -> tuple[np.nd
     Args:
         g: candidate values, (..., K); p: propensities, (..., K), all > 0;
         P: leave-one-out propensities, (..., K, K); mu_hat: outcome model, (..., K).
-    Returns:
-        (mean, var), each (..., K): entry i is agent i's removal contribution.
+    Returns the pair (mean, var), each of shape (..., K), whose entry i is about agent i's
+    removal contribution.
     """
     g, p = _slate(g, p)
     check_positive(p, "p")
