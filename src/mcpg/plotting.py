@@ -53,7 +53,7 @@ def field_heatmap(field: np.ndarray, ax=None, agent_names=None, cmap: str = "vla
         _, ax = plt.subplots(figsize=(max(4, 0.7 * m), 0.6 * n + 1.2))
     lim = np.nanmax(np.abs(field)) or 1.0
     sns.heatmap(field, ax=ax, cmap=cmap, center=0, vmin=-lim, vmax=lim, annot=annot, fmt=".2f",
-                xticklabels=labels, yticklabels=names, cbar_kws={"label": "Δ_{i|S}"})
+                xticklabels=labels, yticklabels=names, cbar_kws={"label": r"$\Delta_{i\mid S}$"})
     ax.set_xlabel("background group S")
     ax.set_ylabel("agent i")
     return ax
