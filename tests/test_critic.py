@@ -114,7 +114,7 @@ def test_merged_loss_has_the_gradient_of_the_raw_loss():
     rng = np.random.default_rng(0)
     system = random_system(0, "routed")
     samples = system.sample(400, rng)
-    data = cr.masked_dataset(system, samples, masks=2, rng=rng)
+    data = cr.masked_dataset(system, samples, masks="random", rng=rng, n_random=2)
     net = cr.MaskedCritic(data.inputs.shape[1], hidden=8, seed=3)
     y = torch.as_tensor(data.targets, dtype=torch.float32)
     raw = ((net(data.inputs)[0] - y) ** 2).mean()
@@ -168,7 +168,7 @@ def test_sampled_masks_are_independent_of_the_actions():
     rng = np.random.default_rng(2)
     system = random_system(2, "routed")
     samples = system.sample(4000, rng)
-    data = cr.masked_dataset(system, samples, masks=3, rng=rng)
+    data = cr.masked_dataset(system, samples, masks="random", rng=rng, n_random=3)
     counts = np.bincount(data.groups, minlength=8)
     assert chisquare(counts).pvalue > 1e-3
     a0 = samples.actions[data.trajectory, 0]
@@ -192,6 +192,22 @@ def test_masked_actions_are_invisible():
     q = cr.critic_values(cr.MaskedCritic.for_system(system, seed=2), system)
     assert np.ptp(q[S], axis=3).max() == 0  # q̂(S) is constant along the absent agent's axis
     assert np.ptp(q[0b111], axis=3).max() > 0
+
+
+def test_mask_designs():
+    rng = np.random.default_rng(3)
+    system = random_system(3, "routed")
+    s = system.sample(7, rng)
+    one = cr.masked_dataset(system, s, masks=5)
+    assert (one.groups == 5).all() and len(one.targets) == 7
+    listed = cr.masked_dataset(system, s, masks=[6, 5, 3])
+    np.testing.assert_array_equal(np.bincount(listed.groups, minlength=8)[[3, 5, 6]], [7, 7, 7])
+    np.testing.assert_array_equal(listed.targets, np.tile(s.reward, 3))
+    every = cr.masked_dataset(system, s)
+    assert sorted(set(every.groups)) == list(range(8)) and len(every.targets) == 56
+    # the critic reads float64 inputs too
+    c = cr.MaskedCritic.for_system(system)
+    np.testing.assert_allclose(c.predict(one.inputs.double()), c.predict(one.inputs), rtol=1e-6)
 
 
 def test_group_masks_roundtrip():
@@ -323,7 +339,11 @@ def test_bad_input_raises_value_errors_naming_the_argument():
     with pytest.raises(ValueError, match="masks"):
         cr.masked_dataset(system, s, masks="some")
     with pytest.raises(ValueError, match="rng"):
-        cr.masked_dataset(system, s, masks=2)
+        cr.masked_dataset(system, s, masks="random")
+    with pytest.raises(ValueError, match="n_random"):
+        cr.masked_dataset(system, s, masks="random", rng=rng, n_random=0)
+    with pytest.raises(ValueError, match="groups"):
+        cr.masked_dataset(system, s, masks=[1, 9])
     with pytest.raises(ValueError, match="targets"):
         cr.fit_critic(x, np.ones(3))
     with pytest.raises(ValueError, match="targets"):

@@ -200,13 +200,16 @@ class MaskedData:
     weights: np.ndarray | None = None
 
 
-def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random.Generator | None = None) -> MaskedData:
+def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random.Generator | None = None,
+                   n_random: int = 1, prob: float = 0.5) -> MaskedData:
     """Pair each trajectory with masks drawn independently of its actions (Lemma 2).
 
     Args:
         masks: the mask design.
             ``"all"``: every trajectory under every one of the 2**K groups;
-            an int m: m masks per trajectory from :func:`sample_masks` (needs ``rng``);
+            ``"random"``: ``n_random`` masks per trajectory from :func:`sample_masks`, each
+            agent present with probability ``prob`` (needs ``rng``);
+            an int S: every trajectory under the one group S (as in :func:`encode`);
             a 1-d sequence of bitmasks: every trajectory under each listed group
             (e.g. the groups N \\ {i} that the baselines will query);
             a bool array (n, K): one given mask per trajectory (the caller vouches that it
@@ -214,19 +217,20 @@ def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random
     """
     n, K = len(samples), system.n_agents
     if isinstance(masks, str):
-        if masks != "all":
-            raise ValueError(f"masks must be 'all', an int, a sequence of bitmasks or an (n, K) array, got {masks!r}")
-        masks = np.arange(1 << K)
-    if np.ndim(masks) == 0:
-        m = int(masks)
-        if m != masks or m < 1:
-            raise ValueError(f"masks as a count must be a positive integer, got {masks!r}")
+        if masks not in ("all", "random"):
+            raise ValueError(f"masks must be 'all', 'random', a bitmask, a sequence of bitmasks or an (n, K) array, "
+                             f"got {masks!r}")
+        if masks == "all":
+            masks = np.arange(1 << K)
+    if isinstance(masks, str):  # "random"
+        if int(n_random) != n_random or n_random < 1:
+            raise ValueError(f"n_random must be a positive integer, got {n_random}")
         if rng is None:
             raise ValueError("rng is needed to draw random masks")
-        traj = np.repeat(np.arange(n), m)
-        mk = sample_masks(n * m, K, rng)
-    elif np.ndim(masks) == 1:
-        gm = group_masks(np.asarray(masks), K)
+        traj = np.repeat(np.arange(n), int(n_random))
+        mk = sample_masks(n * int(n_random), K, rng, prob)
+    elif np.ndim(masks) <= 1:
+        gm = group_masks(np.atleast_1d(np.asarray(masks)), K)
         traj = np.tile(np.arange(n), len(gm))
         mk = np.repeat(gm, n, axis=0)
     else:
@@ -316,6 +320,7 @@ class MaskedCritic(torch.nn.Module):
         if x.ndim != 2 or x.shape[1] != self.n_inputs:
             raise ValueError(f"x must have shape (n, {self.n_inputs}), got {tuple(x.shape)}")
         W0 = self.weights[0]
+        x = x.to(W0.dtype)
         E, d, h = W0.shape
         z = (x @ W0.permute(1, 0, 2).reshape(d, E * h)).reshape(-1, E, h).transpose(0, 1) + self.biases[0]
         for W, b in zip(self.weights[1:], self.biases[1:]):
