@@ -1,0 +1,338 @@
+"""mcpg.grpo.simulated: the simulated routed pool of chapter 7.
+
+Checks the environment (question draws, the calibrated router is the exact posterior),
+the evaluation metrics on hand-made slates, the exact analysis (Theorem 1 on the
+enumerated pool, the private-utility game), determinism and seed independence of
+training, that training with the removal signal helps, and bad input.
+"""
+
+from dataclasses import replace
+
+import matplotlib
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpg.grpo import simulated as sim
+
+matplotlib.use("Agg")
+
+CFG = sim.SimConfig()
+SHORT = replace(CFG, updates=6, eval_every=3, prompts_per_update=8, eval_questions=50)
+
+
+# --------------------------------------------------------------------------- environment
+def test_draw_questions_frequencies_and_check_flip_rate():
+    rng = np.random.default_rng(0)
+    n = 60_000
+    types, z, checks = sim.draw_questions(CFG, n, rng)
+    assert types.shape == z.shape == (n,) and checks.shape == (n, CFG.n_answers)
+    # type frequencies uniform; Z | type follows answer_probs (5 standard errors)
+    for t in range(CFG.n_types):
+        assert abs((types == t).mean() - 1 / 3) < 5 * np.sqrt(1 / 3 * 2 / 3 / n)
+        sel = types == t
+        for a, q in enumerate(CFG.answer_probs[t]):
+            assert abs((z[sel] == a).mean() - q) < 5 * np.sqrt(q * (1 - q) / sel.sum()) + 1e-12
+    # the check disagrees with the truth at rate check_flip
+    truth = np.arange(CFG.n_answers)[None, :] == z[:, None]
+    f = (checks != truth).mean()
+    assert abs(f - CFG.check_flip) < 5 * np.sqrt(CFG.check_flip * (1 - CFG.check_flip) / checks.size)
+
+
+def test_candidate_features_layout_and_blind_router():
+    types = np.array([1, 2])
+    answers = np.array([[0, 2, 1], [1, 1, 0]])
+    checks = np.array([[1, 0, 0], [0, 1, 1]])
+    x = sim.candidate_features(CFG, types, answers, checks).numpy()
+    T, M, K = CFG.n_types, CFG.n_answers, CFG.n_agents
+    assert x.shape == (2, K, CFG.n_features)
+    # slate 0, agent 1 answered 2 to a type-1 question with check 0
+    row = x[0, 1]
+    assert row[1 * M + 2] == 1 and row[:T * M].sum() == 1
+    assert row[T * M + 1 * K + 1] == 1 and row[T * M:T * M + T * K].sum() == 1
+    assert row[-2] == -1 and row[-1] == 1
+    assert x[1, 2, -2] == 1
+    blind = sim.candidate_features(replace(CFG, candidate_blind=True), types, answers, checks).numpy()
+    assert (blind[..., :T * M] == 0).all() and (blind[..., -2] == 0).all()
+    # a blind router's score cannot depend on the answer or the check
+    w = np.random.default_rng(1).normal(size=CFG.n_features)
+    other = sim.candidate_features(replace(CFG, candidate_blind=True), types, (answers + 1) % M, 1 - checks).numpy()
+    np.testing.assert_allclose(blind @ w, other @ w)
+
+
+def test_calibrated_router_is_the_exact_posterior():
+    """sigmoid(score) = P(R = 1 | type, answer, check) by Bayes' rule."""
+    w = sim.calibrated_router(CFG)
+    f = CFG.check_flip
+    for t in range(CFG.n_types):
+        for a in range(CFG.n_answers):
+            q = CFG.answer_probs[t][a]
+            for c in (0, 1):
+                x = sim.candidate_features(CFG, np.array([t]), np.array([[a, a, a]]), np.array([[c, c, c]])).numpy()
+                mu = 1 / (1 + np.exp(-(x[0] @ w)))
+                like_right, like_wrong = (1 - f, f) if c else (f, 1 - f)
+                post = q * like_right / (q * like_right + (1 - q) * like_wrong)
+                np.testing.assert_allclose(mu, post, rtol=1e-12)
+
+
+def test_initial_logits_shared_base_and_specialty():
+    cfg = replace(CFG, init_noise=0.0)
+    theta = sim.initial_logits(cfg, np.random.default_rng(0))
+    base = np.log(np.asarray(cfg.answer_probs))
+    for k in range(cfg.n_agents):
+        expect = base.copy()
+        expect[k % cfg.n_types, 0] += cfg.specialty_bonus
+        np.testing.assert_allclose(theta[k], expect)
+
+
+# --------------------------------------------------------------------------- metrics
+def test_evaluation_metrics_hand_made():
+    # two questions of types 0 and 1; agent k is type k's specialist
+    correct = np.array([[1, 0, 0], [0, 1, 1]], float)
+    scores = np.array([[0.0, 2.0, -1.0],   # deploys agent 1 (wrong), right answer was agent 0's
+                       [0.0, 1.0, 0.5]])  # deploys agent 1 (right, the type-1 specialist)
+    types = np.array([0, 1])
+    out = sim.evaluation_metrics(correct, scores, types, specialist=np.array([0, 1, 2]), tau=1.0, eps=0.0)
+    assert out["accuracy"] == pytest.approx(0.5)
+    assert out["oracle"] == pytest.approx(1.0)
+    assert out["regret"] == pytest.approx(0.5)
+    assert out["specialization"] == pytest.approx(0.5)
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    assert out["brier"] == pytest.approx(((sig(2.0) - 0) ** 2 + (sig(1.0) - 1) ** 2) / 2)
+    p = np.exp(scores) / np.exp(scores).sum(1, keepdims=True)
+    assert out["entropy"] == pytest.approx(np.mean(-(p * np.log(p)).sum(1)))
+
+
+def test_evaluation_metrics_batched_and_unmatched_types():
+    correct = np.zeros((2, 3, 2))
+    scores = np.zeros((2, 3, 2))
+    types = np.zeros((2, 3), int)
+    out = sim.evaluation_metrics(correct, scores, types, specialist=np.array([-1]))
+    assert out["accuracy"].shape == (2,)
+    assert np.isnan(out["specialization"]).all()
+    assert out["entropy"] == pytest.approx(np.log(2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(2, 4), st.integers(0, 10_000))
+def test_policy_overlap_and_coverage_bounds(K, T, M, seed):
+    rng = np.random.default_rng(seed)
+    pi = rng.dirichlet(np.ones(M), size=(K, T))
+    w = rng.dirichlet(np.ones(T))
+    q = rng.dirichlet(np.ones(M), size=T)
+    ov = sim.policy_overlap(pi, w)
+    assert -1e-12 <= ov <= 1 + 1e-12
+    cov = sim.policy_coverage(pi, q, w)
+    # some agent right is at least as likely as the best single agent being right, at most 1
+    single = max(float(((pi[k] * q).sum(1) * w).sum()) for k in range(K))
+    assert single - 1e-12 <= cov <= 1 + 1e-12
+
+
+def test_policy_overlap_and_coverage_extremes():
+    M = 3
+    crowd = np.zeros((3, 1, M))
+    crowd[:, 0, 0] = 1
+    spread = np.eye(M)[:, None, :]
+    uniform = np.full((3, 1, M), 1 / M)
+    w = np.array([1.0])
+    q = np.array([[0.5, 0.25, 0.25]])
+    assert sim.policy_overlap(crowd, w) == pytest.approx(1.0)
+    assert sim.policy_overlap(spread, w) == pytest.approx(0.0)
+    assert sim.policy_overlap(uniform, w) == pytest.approx(1 / M)
+    assert sim.policy_coverage(crowd, q, w) == pytest.approx(0.5)
+    assert sim.policy_coverage(spread, q, w) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- exact analysis
+def test_exact_pool_all_same_answer():
+    """Every agent always answers a: J = q_t(a), and a router blind to agents splits it evenly."""
+    w = sim.calibrated_router(CFG)
+    for t in range(CFG.n_types):
+        for a in range(CFG.n_answers):
+            theta = np.zeros((3, 3, 3))
+            theta[:, t, a] = 60.0
+            pool, z = sim.exact_pool(CFG, theta, w, t)
+            np.testing.assert_allclose(pool.prompt_probs.sum(), 1.0)
+            d = sim.unilateral_deviations(CFG, theta, w)
+            J_t = float(pool.reward_mean().numpy().ravel() @ pool.joint_prob().detach().numpy().ravel())
+            np.testing.assert_allclose(J_t, CFG.answer_probs[t][a], atol=1e-12)
+            np.testing.assert_allclose(d["U"].sum(), d["J"], atol=1e-12)
+
+
+def test_unilateral_deviations_consistency():
+    rng = np.random.default_rng(3)
+    theta = 2 * rng.normal(size=(3, 3, 3))
+    w = rng.normal(size=CFG.n_features)
+    d = sim.unilateral_deviations(CFG, theta, w)
+    np.testing.assert_allclose(d["U"].sum(), d["J"], atol=1e-12)
+    # averaging a deviation over the agent's own policy gives back J and U_i
+    pi = np.exp(theta) / np.exp(theta).sum(-1, keepdims=True)
+    for i in range(3):
+        for t in range(3):
+            np.testing.assert_allclose((pi[i, t] * d["J_dev"][i, t]).sum(), d["J"], atol=1e-12)
+            np.testing.assert_allclose((pi[i, t] * d["U_dev"][i, t]).sum(), d["U"][i], atol=1e-12)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000))
+def test_theorem1_identity_on_random_pools(seed):
+    rng = np.random.default_rng(seed)
+    theta = 1.5 * rng.normal(size=(3, 3, 3))
+    w = rng.normal(size=CFG.n_features)
+    d = sim.theorem1_diagnostics(CFG, theta, w)
+    assert (d["identity_error"] < 1e-12).all()
+    assert (d["private_gain"] >= -1e-12).all() and (d["system_gain"] >= -1e-12).all()
+
+
+def test_theorem1_blind_router_has_no_bias():
+    rng = np.random.default_rng(4)
+    theta = rng.normal(size=(3, 3, 3))
+    cfg = replace(CFG, candidate_blind=True)
+    d = sim.theorem1_diagnostics(cfg, theta, rng.normal(size=cfg.n_features))
+    assert (d["bias"] < 1e-12).all()
+    np.testing.assert_allclose(d["cosine"], 1.0, atol=1e-9)
+    # ... while a router that reads candidates has a bias
+    d2 = sim.theorem1_diagnostics(CFG, theta, sim.calibrated_router(CFG))
+    assert (d2["bias"] > 1e-4).all()
+
+
+def test_profile_table_equilibria():
+    """The game the chapter shows: crowding is where private utilities rest on 'time',
+    covering is best for the system; on 'money' the two agree."""
+    time_ = sim.profile_table(CFG, 1)
+    row = lambda df, p: df[df.profile == p].iloc[0]  # noqa: E731
+    assert row(time_, (0, 0, 0)).equilibrium and not row(time_, (0, 0, 0)).best
+    assert row(time_, (0, 1, 2)).best and not row(time_, (0, 1, 2)).equilibrium
+    assert row(time_, (0, 0, 0)).J == pytest.approx(0.5, abs=1e-9)
+    money = sim.profile_table(CFG, 0)
+    assert set(money[money.equilibrium].distinct) == {3}
+    assert money[money.best].equilibrium.all()
+
+
+def test_advantage_probe_directions():
+    """Others crowd on answer 0 of 'time': winner-take-all pushes the third agent to join
+    them, the removal signal pushes it to cover answers 1 and 2 (95% intervals exclude 0)."""
+    df = sim.advantage_probe(CFG, 1, [0, 0, 0], 20_000, np.random.default_rng(0))
+    get = lambda s, f, a: df[(df.signal == s) & (df.advantages == f) & (df.answer == a)].iloc[0]  # noqa: E731
+    for form in ("standardised", "centred"):
+        r0 = get("removal", form, 0)
+        assert r0["mean"] + r0["±"] < 0
+        for a in (1, 2):
+            r = get("removal", form, a)
+            assert r["mean"] - r["±"] > 0
+        w0 = get("wta", form, 0)
+        assert w0["mean"] - w0["±"] > 0
+    # the exact removal contribution keeps its sign when centred, loses it when standardised
+    assert get("oracle", "centred", 0)["mean"] + get("oracle", "centred", 0)["±"] < 0
+    assert get("oracle", "standardised", 0)["mean"] - get("oracle", "standardised", 0)["±"] > 0
+
+
+# --------------------------------------------------------------------------- training
+def test_training_is_deterministic_given_the_seed():
+    a = sim.train_pool(SHORT, "removal", [0, 1])
+    b = sim.train_pool(SHORT, "removal", [0, 1])
+    np.testing.assert_array_equal(a.logits, b.logits)
+    np.testing.assert_array_equal(a.router, b.router)
+    for k in a.metrics:
+        np.testing.assert_array_equal(a.metrics[k], b.metrics[k])
+
+
+def test_a_seed_does_not_depend_on_its_batch():
+    alone = sim.train_pool(SHORT, "wta", [5])
+    batch = sim.train_pool(SHORT, "wta", [2, 5])
+    np.testing.assert_allclose(batch.logits[1], alone.logits[0], atol=1e-10)
+    np.testing.assert_allclose(batch.metrics["accuracy"][1], alone.metrics["accuracy"][0])
+
+
+def test_frozen_agents_do_not_move_and_signals_differ():
+    fr = sim.train_pool(SHORT, "frozen", [0])
+    np.testing.assert_array_equal(fr.logits[0, 0], fr.logits[0, -1])
+    assert not np.allclose(fr.router[0, 0], fr.router[0, -1])  # the router still learns
+    w = sim.train_pool(SHORT, "wta", [0])
+    r = sim.train_pool(SHORT, "removal", [0])
+    o = sim.train_pool(SHORT, "oracle", [0])
+    assert not np.allclose(w.logits[0, -1], r.logits[0, -1])
+    assert not np.allclose(r.logits[0, -1], o.logits[0, -1])
+
+
+def test_removal_training_beats_frozen_agents():
+    """80 updates on 5 seeds: the removal signal's pool is more accurate than the frozen
+    pool (same router training) by at least 4 points, and covers more answers."""
+    cfg = replace(CFG, updates=80, eval_every=80)
+    seeds = range(5)
+    fr = sim.train_pool(cfg, "frozen", seeds)
+    rm = sim.train_pool(cfg, "removal", seeds)
+    assert rm.metrics["accuracy"][:, -1].mean() - fr.metrics["accuracy"][:, -1].mean() >= 0.04
+    assert rm.metrics["oracle"][:, -1].mean() > fr.metrics["oracle"][:, -1].mean()
+
+
+def test_run_frame_summary_and_plot():
+    frame, runs = sim.compare_methods(SHORT, ["wta", "removal"], seeds=[0, 1])
+    assert set(frame.method) == {"wta", "removal"}
+    assert len(frame) == 2 * 2 * len(runs["wta"].updates)
+    table = sim.summary_table(frame)
+    assert list(table.index) == ["wta", "removal"] and table.loc["wta", "seeds"] == 2
+    np.testing.assert_allclose(table.loc["wta", "accuracy"], runs["wta"].metrics["accuracy"][:, -1].mean())
+    mean, hw, n = sim.paired_difference(runs, "removal", "wta")
+    assert n == 2 and hw >= 0
+    axes = sim.plot_curves(frame, ["accuracy", "overlap"])
+    assert len(axes) == 2
+    tr = sim.theorem1_trajectory(runs["wta"], every=2)
+    assert set(tr["update"]) == {0, 6} and len(tr) == 2 * 2 * 3
+    assert (tr.identity_error < 1e-12).all()
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, name", [
+    ({"check_flip": 0.7}, "check_flip"),
+    ({"answer_probs": ((0.5, 0.6, 0.0),)}, "answer_probs"),
+    ({"answer_probs": ((1.0,),)}, "answer_probs"),
+    ({"type_probs": (0.5, 0.5)}, "type_probs"),
+    ({"type_names": ("a", "b")}, "type_names"),
+    ({"n_agents": 1}, "n_agents"),
+    ({"completions_per_agent": 1}, "completions_per_agent"),
+    ({"router_eps": 0.0}, "router_eps"),
+    ({"router_tau": -1.0}, "router_tau"),
+    ({"learning_rate": 0.0}, "learning_rate"),
+    ({"updates": -1}, "updates"),
+    ({"prompts_per_update": 2.5}, "prompts_per_update"),
+    ({"init_noise": float("nan")}, "init_noise"),
+])
+def test_bad_config(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        sim.SimConfig(**kwargs)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="method"):
+        sim.train_pool(SHORT, "shapley", [0])
+    with pytest.raises(ValueError, match="seeds"):
+        sim.train_pool(SHORT, "wta", [0, 0])
+    with pytest.raises(ValueError, match="seeds"):
+        sim.train_pool(SHORT, "wta", [-1])
+    with pytest.raises(ValueError, match="cfg"):
+        sim.train_pool({"updates": 1}, "wta", [0])
+    with pytest.raises(ValueError, match="scores"):
+        sim.evaluation_metrics(np.zeros((3, 2)), np.zeros((3, 3)), np.zeros(3, int), np.array([0]))
+    with pytest.raises(ValueError, match="correct"):
+        sim.evaluation_metrics(np.full((3, 2), 0.5), np.zeros((3, 2)), np.zeros(3, int), np.array([0]))
+    with pytest.raises(ValueError, match="answers"):
+        sim.candidate_features(CFG, np.array([0]), np.array([[0, 1, 5]]), np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="type_index"):
+        sim.exact_pool(CFG, np.zeros((3, 3, 3)), np.zeros(CFG.n_features), 3)
+    with pytest.raises(ValueError, match="weights"):
+        sim.exact_pool(CFG, np.zeros((3, 3, 3)), np.zeros(4), 0)
+    with pytest.raises(ValueError, match="logits"):
+        sim.unilateral_deviations(CFG, np.zeros((2, 3, 3)), np.zeros(CFG.n_features))
+    with pytest.raises(ValueError, match="policies"):
+        sim.policy_overlap(np.ones((3, 2, 3)) / 3, np.ones(3) / 3)
+    with pytest.raises(ValueError, match="others"):
+        sim.advantage_probe(CFG, 1, [0, 0], 10, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="n"):
+        sim.draw_questions(CFG, 0, np.random.default_rng(0))
+    frame, runs = sim.compare_methods(SHORT, ["wta"], seeds=[0, 1])
+    with pytest.raises(ValueError, match="keys"):
+        sim.summary_table(frame, ["nonsense"])
+    with pytest.raises(ValueError, match="removal"):
+        sim.paired_difference(runs, "removal", "wta")
