@@ -228,6 +228,32 @@ def test_advantage_probe_directions():
     assert get("oracle", "standardised", 0)["mean"] - get("oracle", "standardised", 0)["±"] > 0
 
 
+def test_score_spread_explains_standardisation():
+    """Standardising divides by the group's spread: for the exact removal contribution it is
+    far smaller when the crowd is right than when it is wrong; the estimate of Eq. 19 carries
+    selection noise in both cases, so its ratio is smaller."""
+    df = sim.score_spread(CFG, 1, [0, 0, 0], 20_000, np.random.default_rng(1)).set_index(["signal", "case"])
+    ratio = {s: df.loc[(s, "others wrong"), "mean"] / df.loc[(s, "others right"), "mean"] for s in ("removal", "oracle")}
+    assert ratio["oracle"] > 3 and ratio["oracle"] > 1.5 * ratio["removal"]
+
+
+def test_profile_values_and_router_beliefs():
+    w = sim.calibrated_router(CFG)
+    J, U = sim.profile_values(CFG, [[0, 0, 0], [1, 1, 1], [0, 1, 2]], w, 1)
+    np.testing.assert_allclose(J[:2], [0.5, 0.25], atol=1e-12)
+    np.testing.assert_allclose(U.sum(1), J, atol=1e-12)
+    # the calibrated router believes exactly the posterior; beliefs broadcast over leading axes
+    b = sim.router_beliefs(CFG, np.stack([w, w]))
+    assert b.shape == (2, CFG.n_types, CFG.n_answers, 2)
+    f = CFG.check_flip
+    np.testing.assert_allclose(b[0, 1, 0, 1], 0.5 * (1 - f) / (0.5 * (1 - f) + 0.5 * f))
+    np.testing.assert_allclose(b[1, 1, 1, 0], 0.25 * f / (0.25 * f + 0.75 * (1 - f)))
+    with pytest.raises(ValueError, match="profiles"):
+        sim.profile_values(CFG, [[0, 0]], w, 1)
+    with pytest.raises(ValueError, match="weights"):
+        sim.router_beliefs(CFG, np.zeros(3))
+
+
 # --------------------------------------------------------------------------- training
 def test_training_is_deterministic_given_the_seed():
     a = sim.train_pool(SHORT, "removal", [0, 1])
@@ -274,6 +300,8 @@ def test_run_frame_summary_and_plot():
     table = sim.summary_table(frame)
     assert list(table.index) == ["wta", "removal"] and table.loc["wta", "seeds"] == 2
     np.testing.assert_allclose(table.loc["wta", "accuracy"], runs["wta"].metrics["accuracy"][:, -1].mean())
+    text = sim.summary_table(frame, ["accuracy"], formatted=True, digits=2)
+    assert text.loc["wta", "accuracy"] == f"{table.loc['wta', 'accuracy']:.2f} ± {table.loc['wta', 'accuracy ±']:.2f}"
     mean, hw, n = sim.paired_difference(runs, "removal", "wta")
     assert n == 2 and hw >= 0
     axes = sim.plot_curves(frame, ["accuracy", "overlap"])

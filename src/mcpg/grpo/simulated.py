@@ -2,11 +2,11 @@
 
 No language model: the agents are softmax policies over a handful of candidate answers,
 so one training run takes about a second on a CPU and a comparison can use many seeds.
-Everything that is *not* the agents is the LLM engine's own code: the credit signals,
+Everything that is not the agents is the LLM engine's own code: the credit signals,
 the per-agent group standardisation and the clipped loss come from
 :mod:`mcpg.grpo.objective`, the router of Eq. (3), its leave-one-out propensities, its
 draw and its inverse-propensity-weighted outcome loss from :mod:`mcpg.routing`. The loop
-follows :meth:`mcpg.grpo.train.Engine.update` step by step.
+follows ``mcpg.grpo.train.Engine.update`` step by step.
 
 The environment
 ---------------
@@ -17,18 +17,18 @@ The environment
   given the question and the candidate, as in GSM8K, so condition (17) of the paper holds.
 - Agent k is a tabular softmax policy over the M answers of each type (logits
   ``theta[k, t, :]``). It sees the type, not Z, so no agent can be right on every question
-  of a type; only *different* agents giving *different* answers can cover more of them.
+  of a type; only different agents giving different answers can cover more of them.
   All agents start from one shared base policy (logits ``log answer_probs``: it samples
   each answer as often as it is right, and its greedy answer is the most common right
   one), as LoRA agents on one base model do. Agent k's keyword specialty is type
   ``k mod T``: its initial logits favour that type's most often correct answer by
   ``specialty_bonus`` (a weak head start, as a role prompt).
 - The router reads each candidate. Its features are one-hots of (type, answer) and of
-  (type, agent), a bias, and a noisy *check* of the candidate: ``C = 1{A = Z}`` flipped
+  (type, agent), a bias, and a noisy check of the candidate: ``C = 1{A = Z}`` flipped
   with probability ``check_flip`` (the same verdict for the same answer to the same
   question; a stand-in for what an outcome model can read in a solution). A linear model
   on these features gives the score ``s_j``; it is the router's score in Eq. (3) and the
-  outcome model's logit, ``mu_hat_j = sigmoid(s_j)``, as in :class:`mcpg.grpo.router.Router`.
+  outcome model's logit, ``mu_hat_j = sigmoid(s_j)``, as in ``mcpg.grpo.router.Router``.
   It starts at zero (uniform routing) and learns only from the selected candidate's
   reward, by :func:`mcpg.routing.ipw_outcome_loss`, after each actor update.
   ``candidate_blind=True`` drops the answer and check features: the router then reads the
@@ -44,7 +44,7 @@ router takes ``router_steps`` steps on the rollout's selected feedback. The meth
 ``frozen`` skips the actor update (agents stay at their initial policies, the router
 still learns): the reference.
 
-Evaluation, as :func:`mcpg.grpo.train.evaluate_pool`: on held-out questions each agent
+Evaluation, as ``mcpg.grpo.train.evaluate_pool``: on held-out questions each agent
 gives its greedy answer, the router deploys the highest score; reported are accuracy,
 routing entropy (of Eq. 3 on the greedy slate), the Brier score of the deployed candidate,
 specialization (the fraction deployed to the agent whose specialty is the question's
@@ -98,16 +98,19 @@ __all__ = [
     "paired_difference",
     "plot_curves",
     "calibrated_router",
+    "router_beliefs",
     "exact_pool",
     "unilateral_deviations",
     "theorem1_diagnostics",
     "theorem1_trajectory",
+    "profile_values",
     "profile_table",
     "advantage_probe",
+    "score_spread",
 ]
 
 METHODS: tuple[str, ...] = ("frozen", "wta", "removal", "oracle")
-"""Training methods: ``frozen`` (no actor update) and the three credit signals of §8."""
+"""The training methods, ``frozen`` (no actor update) and the three credit signals of §8."""
 
 EVAL_KEYS: tuple[str, ...] = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
 """The six held-out diagnostics of the paper's Table 1, in its order."""
@@ -125,7 +128,7 @@ DEFAULT_ANSWER_PROBS: tuple[tuple[float, ...], ...] = (
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Configuration of the simulated pool; names follow :data:`mcpg.grpo.configs.DEFAULTS`.
+    """Configuration of the simulated pool; names follow ``mcpg.grpo.configs.DEFAULTS``.
 
     Attributes:
         n_agents: K.
@@ -231,7 +234,7 @@ class SimConfig:
 
     @property
     def n_features(self) -> int:
-        """Router features: (type, answer) and (type, agent) one-hots, the check, a bias."""
+        """The number F of router features, (type, answer) and (type, agent) one-hots, the check and a bias."""
         return self.n_types * self.n_answers + self.n_types * self.n_agents + 2
 
     def type_distribution(self) -> np.ndarray:
@@ -679,12 +682,14 @@ def compare_methods(cfg: SimConfig, methods: Sequence[str] = METHODS, seeds: Seq
     return pd.concat([r.frame() for r in runs.values()], ignore_index=True), runs
 
 
-def summary_table(frame, keys: Sequence[str] = EVAL_KEYS, level: float = 0.95, update: int | None = None):
+def summary_table(frame, keys: Sequence[str] = EVAL_KEYS, level: float = 0.95, update: int | None = None,
+                  formatted: bool = False, digits: int = 3):
     """Mean and confidence half-width of each metric per method, at one update (default: the last).
 
     Returns a DataFrame indexed by method with, for each key, the columns ``key`` (mean)
     and ``key ±`` (half-width of the normal-approximation interval over seeds,
-    :func:`mcpg.plotting.mean_ci`), and ``seeds``.
+    :func:`mcpg.plotting.mean_ci`), and ``seeds``. With ``formatted=True``, one text column
+    per key instead, ``"mean ± half-width"`` with ``digits`` decimals.
     """
     import pandas as pd
 
@@ -706,7 +711,11 @@ def summary_table(frame, keys: Sequence[str] = EVAL_KEYS, level: float = 0.95, u
             row[k], row[k + " ±"] = float(mean), float(hw)
         row["seeds"] = int(g["seed"].nunique())
         rows[method] = row
-    return pd.DataFrame.from_dict(rows, orient="index")
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    if not formatted:
+        return table
+    return pd.DataFrame({k: [f"{m:.{digits}f} ± {h:.{digits}f}" for m, h in zip(table[k], table[k + " ±"])]
+                         for k in keys}, index=table.index)
 
 
 def paired_difference(runs: dict, a: str, b: str, key: str = "accuracy", level: float = 0.95) -> tuple[float, float, int]:
@@ -780,6 +789,27 @@ def calibrated_router(cfg: SimConfig) -> np.ndarray:
     w[-2] = np.log((1 - f) / f)
     return w
 
+
+def router_beliefs(cfg: SimConfig, weights) -> np.ndarray:
+    """The outcome model's mu_hat for every (type, answer, check), averaged over the agents.
+
+    Args:
+        weights: router weights of shape (..., F) (e.g. a run's ``router`` array).
+
+    Returns shape (..., T, M, 2): ``[..., t, a, c]`` is the mean over agents k of
+    ``sigmoid(s)`` for agent k answering a to a type-t question with check c. Compare with
+    :func:`calibrated_router`'s values, the exact ``P(R = 1 | t, a, c)``.
+    """
+    w = np.asarray(weights, dtype=float)
+    if w.shape[-1:] != (cfg.n_features,) or np.isnan(w).any():
+        raise ValueError(f"weights must have shape (..., {cfg.n_features}) without NaN, got {w.shape}")
+    T, M, K = cfg.n_types, cfg.n_answers, cfg.n_agents
+    t = np.repeat(np.arange(T), M * 2)
+    a = np.tile(np.repeat(np.arange(M), 2), T)
+    c = np.tile(np.arange(2), T * M)
+    x = candidate_features(cfg, t, np.repeat(a[:, None], K, 1), np.repeat(c[:, None], K, 1)).numpy()  # (T*M*2, K, F)
+    mu = 1.0 / (1.0 + np.exp(-np.einsum("nkf,...f->...nk", x, w)))
+    return mu.mean(-1).reshape(w.shape[:-1] + (T, M, 2))
 
 def exact_pool(cfg: SimConfig, logits, weights, type_index: int) -> tuple[RoutedPool, np.ndarray]:
     """The questions of one type as an exactly enumerated :class:`~mcpg.mechanisms.RoutedPool`.
@@ -925,14 +955,48 @@ def theorem1_diagnostics(cfg: SimConfig, logits, weights) -> dict[str, np.ndarra
 
 
 @_one_thread
+def profile_values(cfg: SimConfig, profiles, weights, type_index: int, sharpness: float = 40.0) -> tuple[np.ndarray, np.ndarray]:
+    """J_t and every U_i when the agents answer type ``type_index`` deterministically.
+
+    Args:
+        profiles: answer profiles, shape (n, K): row r gives agent k the answer
+            ``profiles[r, k]`` on type t (logits ``sharpness * onehot``).
+        weights: router weights, shape (F,) for all profiles or (n, F), one per profile.
+
+    Returns ``J`` of shape (n,) (expected deployed reward on type-t questions) and ``U`` of
+    shape (n, K) (private utilities ``E[1{I = i} G | type t]``; each row sums to J).
+    """
+    K, T, M = cfg.n_agents, cfg.n_types, cfg.n_answers
+    prof = np.asarray(profiles)
+    if prof.ndim != 2 or prof.shape[1] != K or ((prof < 0) | (prof >= M)).any():
+        raise ValueError(f"profiles must have shape (n, {K}) with answers in [0, {M})")
+    if not (np.isfinite(sharpness) and sharpness > 0):
+        raise ValueError(f"sharpness must be positive, got {sharpness}")
+    w = np.asarray(weights, dtype=float)
+    if w.shape == (cfg.n_features,):
+        w = np.broadcast_to(w, (len(prof), cfg.n_features))
+    if w.shape != (len(prof), cfg.n_features):
+        raise ValueError(f"weights must have shape ({cfg.n_features},) or ({len(prof)}, {cfg.n_features})")
+    J = np.zeros(len(prof))
+    U = np.zeros((len(prof), K))
+    for r, (p_, w_) in enumerate(zip(prof, w)):
+        theta = np.zeros((K, T, M))
+        theta[np.arange(K), type_index, p_] = sharpness
+        pool, _ = exact_pool(cfg, theta, w_, type_index)
+        with torch.no_grad():
+            J[r] = float(system_value(pool))
+            U[r] = private_utilities(pool).numpy()
+    return J, U
+
+
 def profile_table(cfg: SimConfig, type_index: int, weights=None, sharpness: float = 40.0):
     """Every way the K agents can each give one answer to one type, exactly (Theorem 1's game).
 
-    For each profile (a_1, ..., a_K) (agents deterministic on type ``type_index``), the pool
-    of :func:`exact_pool` gives J_t = E[G | type t] and each agent's private utility
-    U_i = E[1{I=i} G | type t]. A profile is an *equilibrium of private utilities* when no
+    For each profile (a_1, ..., a_K) (agents deterministic on type ``type_index``),
+    :func:`profile_values` gives J_t = E[G | type t] and each agent's private utility
+    U_i = E[1{I=i} G | type t]. A profile is an equilibrium of private utilities when no
     agent can raise its own U_i by changing its answer alone (where winner-take-all
-    training can come to rest), and *best for the system* when it maximises J_t.
+    training can come to rest), and best for the system when it maximises J_t.
 
     Args:
         weights: router weights (F,); default :func:`calibrated_router`.
@@ -945,45 +1009,23 @@ def profile_table(cfg: SimConfig, type_index: int, weights=None, sharpness: floa
 
     import pandas as pd
 
-    K, T, M = cfg.n_agents, cfg.n_types, cfg.n_answers
+    K, M = cfg.n_agents, cfg.n_answers
     w = calibrated_router(cfg) if weights is None else np.asarray(weights, dtype=float)
-    if not (np.isfinite(sharpness) and sharpness > 0):
-        raise ValueError(f"sharpness must be positive, got {sharpness}")
-    values = {}
-    for prof in itertools.product(range(M), repeat=K):
-        theta = np.zeros((K, T, M))
-        theta[np.arange(K), type_index, list(prof)] = sharpness
-        pool, _ = exact_pool(cfg, theta, w, type_index)
-        with torch.no_grad():
-            values[prof] = (float(system_value(pool)), private_utilities(pool).numpy())
-    best = max(v[0] for v in values.values())
+    profs = list(itertools.product(range(M), repeat=K))
+    J, U = profile_values(cfg, np.array(profs), w, type_index, sharpness)
+    values = {p_: (J[r], U[r]) for r, p_ in enumerate(profs)}
+    best = J.max()
     rows = []
-    for prof, (J, U) in values.items():
-        eq = all(values[prof[:i] + (a,) + prof[i + 1:]][1][i] <= U[i] + 1e-12
+    for prof, (Jp, Up) in values.items():
+        eq = all(values[prof[:i] + (a,) + prof[i + 1:]][1][i] <= Up[i] + 1e-12
                  for i in range(K) for a in range(M) if a != prof[i])
-        rows.append({"profile": prof, "distinct": len(set(prof)), "J": J,
-                     **{f"U_{i + 1}": U[i] for i in range(K)}, "equilibrium": eq, "best": J >= best - 1e-12})
+        rows.append({"profile": prof, "distinct": len(set(prof)), "J": Jp,
+                     **{f"U_{i + 1}": Up[i] for i in range(K)}, "equilibrium": eq, "best": Jp >= best - 1e-12})
     return pd.DataFrame(rows).sort_values("J", ascending=False, ignore_index=True)
 
-
-@_one_thread
-def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator,
-                    weights=None, agent: int = 0) -> "pd.DataFrame":  # noqa: F821
-    """Monte Carlo: the mean GRPO advantage of each answer of one agent, the others fixed.
-
-    Agent ``agent`` samples its m answers uniformly; every other agent k always answers
-    ``others[k]`` (the entry for ``agent`` is ignored). Questions of type ``type_index``
-    are drawn, routed with ``weights`` (default :func:`calibrated_router`) by Eq. (3), and
-    scored by each signal of :func:`~mcpg.grpo.objective.credit`; advantages are formed
-    both as the engine does (:func:`~mcpg.grpo.objective.group_standardize`) and centred
-    only (group mean subtracted). A positive mean advantage for answer a means the update
-    moves the agent toward a.
-
-    Returns a DataFrame with columns ``signal``, ``advantages`` ("standardised" or
-    "centred"), ``answer``, ``mean``, ``±`` (95% half-width over the n groups) and ``n``.
-    """
-    import pandas as pd
-
+def _probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator, weights, agent: int):
+    """One routed rollout of n groups: agent ``agent`` samples m answers uniformly, the
+    others always give ``others``; returns (its answers (n, m), Z (n,), signal -> scores (n, m, K))."""
     _positive_int(n, "n")
     K, M, m = cfg.n_agents, cfg.n_answers, cfg.completions_per_agent
     others = np.asarray(others)
@@ -991,9 +1033,11 @@ def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.ran
         raise ValueError(f"others must hold one answer in [0, {M}) per agent, shape ({K},)")
     if isinstance(agent, bool) or not isinstance(agent, (int, np.integer)) or not 0 <= agent < K:
         raise ValueError(f"agent must lie in [0, {K})")
-    if not 0 <= type_index < cfg.n_types:
-        raise ValueError(f"type_index must lie in [0, {cfg.n_types})")
-    w = torch.as_tensor(calibrated_router(cfg) if weights is None else np.asarray(weights, dtype=float))
+    if isinstance(type_index, bool) or not isinstance(type_index, (int, np.integer)) or not 0 <= type_index < cfg.n_types:
+        raise ValueError(f"type_index must be an integer in [0, {cfg.n_types})")
+    w = calibrated_router(cfg) if weights is None else np.asarray(weights, dtype=float)
+    if w.shape != (cfg.n_features,) or np.isnan(w).any():
+        raise ValueError(f"weights must be {cfg.n_features} numbers")
     q = np.asarray(cfg.answer_probs[type_index], dtype=float)
     z = rng.choice(M, size=n, p=q)
     checks = (np.arange(M)[None, :] == z[:, None]) ^ (rng.random((n, M)) < cfg.check_flip)
@@ -1001,29 +1045,79 @@ def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.ran
     actions[..., agent] = rng.integers(0, M, size=(n, m))
     R = (actions == z[:, None, None]).astype(float)
     c = np.take_along_axis(np.broadcast_to(checks[:, None, :], (n, m, M)), actions, -1).astype(float)
-    feats = candidate_features(cfg, np.full((n, m), type_index), actions, c)
-    s = (feats @ w).numpy()
+    s = (candidate_features(cfg, np.full((n, m), type_index), actions, c) @ torch.as_tensor(w)).numpy()
     p = routing.router_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
     P = routing.leave_one_out_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
     mu = 1.0 / (1.0 + np.exp(-s))
     I = routing.sample_selection(p, rng)
     G = np.take_along_axis(R, I[..., None], -1)[..., 0]
-    mine = actions[..., agent]
+    scores = {signal: credit(signal, I, G, p, P, mu, rewards_all=R) for signal in ("wta", "removal", "oracle")}
+    return actions[..., agent], z, scores
+
+
+def _mean_hw(x: np.ndarray) -> tuple[float, float]:
+    x = np.asarray(x, dtype=float)
+    hw = 1.959963984540054 * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.nan
+    return float(x.mean()) if len(x) else np.nan, float(hw)
+
+
+@_one_thread
+def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator,
+                    weights=None, agent: int = 0):
+    """Monte Carlo: the mean GRPO advantage of each answer of one agent, the others fixed.
+
+    Agent ``agent`` samples its m answers uniformly; every other agent k always answers
+    ``others[k]`` (the entry for ``agent`` is ignored). n questions of type ``type_index``
+    are drawn, routed with ``weights`` (default :func:`calibrated_router`) by Eq. (3), and
+    scored by each signal of :func:`~mcpg.grpo.objective.credit`; advantages are formed
+    both as the engine does (:func:`~mcpg.grpo.objective.group_standardize`) and centred
+    only (group mean subtracted). A positive mean advantage for answer a means the update
+    moves the agent toward a.
+
+    Returns a DataFrame with columns ``signal``, ``advantages`` ("standardised" or
+    "centred"), ``answer``, ``mean``, ``±`` (95% half-width over the groups in which the
+    agent gave that answer; one value per group) and ``n`` (those groups).
+    """
+    import pandas as pd
+
+    mine, _, scores = _probe(cfg, type_index, others, n, rng, weights, agent)
     rows = []
-    for signal in ("wta", "removal", "oracle"):
-        sc = credit(signal, I, G, p, P, mu, rewards_all=R)
+    for signal, sc in scores.items():
         forms = {"standardised": group_standardize(sc, eps=cfg.advantage_eps, axis=-2)[..., agent],
                  "centred": (sc - sc.mean(axis=-2, keepdims=True))[..., agent]}
         for form, adv in forms.items():
-            for a in range(M):
-                # one value per group: the mean advantage of this answer among the group's m draws
+            for a in range(cfg.n_answers):
                 hit = mine == a
                 per_group = np.where(hit, adv, 0.0).sum(1) / np.maximum(hit.sum(1), 1)
                 x = per_group[hit.any(1)]
-                hw = 1.959963984540054 * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.nan
-                rows.append({"signal": signal, "advantages": form, "answer": a, "mean": x.mean(), "±": hw, "n": len(x)})
+                mean, hw = _mean_hw(x)
+                rows.append({"signal": signal, "advantages": form, "answer": a, "mean": mean, "±": hw, "n": len(x)})
     return pd.DataFrame(rows)
 
+
+@_one_thread
+def score_spread(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator,
+                 weights=None, agent: int = 0):
+    """Monte Carlo: how spread out one agent's m scores are within a group, by case.
+
+    Same rollout as :func:`advantage_probe`. For each signal, the mean over groups of the
+    standard deviation of the agent's m raw scores (what
+    :func:`~mcpg.grpo.objective.group_standardize` divides by), separately for questions
+    where some other agent's fixed answer is right ("others right") and where none is
+    ("others wrong"). Returns a DataFrame: ``signal``, ``case``, ``mean``, ``±``, ``n``.
+    """
+    import pandas as pd
+
+    _, z, scores = _probe(cfg, type_index, others, n, rng, weights, agent)
+    others = np.asarray(others)
+    right = np.isin(z, np.delete(others, agent))
+    rows = []
+    for signal, sc in scores.items():
+        sd = sc[..., agent].std(axis=1, ddof=1)
+        for case, sel in (("others right", right), ("others wrong", ~right)):
+            mean, hw = _mean_hw(sd[sel])
+            rows.append({"signal": signal, "case": case, "mean": mean, "±": hw, "n": int(sel.sum())})
+    return pd.DataFrame(rows)
 
 def theorem1_trajectory(run: SimRun, every: int = 1, seeds: Sequence[int] | None = None):
     """:func:`theorem1_diagnostics` at the checkpoints of a run, as a long DataFrame.
