@@ -608,7 +608,7 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         cdf = np.cumsum(pi_q, -1)[:, :, None]           # (S, B, 1, K, M)
         actions = np.minimum((uni[..., None] > cdf).sum(-1), M - 1)  # (S, B, m, K)
 
-        # 2. rewards R^(j) of every candidate (used only by the oracle diagnostic)
+        # 2. rewards R^(j) of every candidate (only R^(I) is fed back; all of R only to the oracle)
         R = (actions == z[:, :, None, None]).astype(float)
         c = np.take_along_axis(np.broadcast_to(checks[:, :, None, :], (S, B, m, M)), actions, -1)
         t_slate = np.broadcast_to(types[:, :, None], (S, B, m))
@@ -627,7 +627,8 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
 
         # 4-6. credit, per-agent group standardisation, clipped GRPO loss per agent
         if method != "frozen":
-            scores = credit(method, I, G, p, P, mu_hat, rewards_all=R)            # (S, B, m, K)
+            full = R if method == "oracle" else None  # filtered feedback for wta and removal
+            scores = credit(method, I, G, p, P, mu_hat, rewards_all=full)          # (S, B, m, K)
             if cfg.scale_advantages:
                 adv = torch.as_tensor(group_standardize(scores, eps=cfg.advantage_eps, axis=-2))
             else:
