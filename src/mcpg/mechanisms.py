@@ -272,11 +272,7 @@ class RoutedPool(ParallelPool):
                  prompt_probs=None, noise: str = "bernoulli"):
         super().__init__(logits, None, prompt_probs, noise)
         K, n_H, M = self.n_agents, self.n_prompts, self.n_actions
-        g = as_float_array(candidate_reward, "candidate_reward")
-        if g.shape == (n_H, M):
-            g = np.broadcast_to(g, (K, n_H, M))
-        if g.shape != (K, n_H, M):
-            raise ValueError(f"candidate_reward must have shape ({K}, {n_H}, {M}) or ({n_H}, {M}), got {g.shape}")
+        g = self._candidate_table(candidate_reward, "candidate_reward")
         _check_probability_table(g, "candidate_reward", self.noise)
         s = as_float_array(router_scores, "router_scores")
         if s.shape == (K, n_H):
@@ -289,17 +285,34 @@ class RoutedPool(ParallelPool):
         self.router_scores = np.broadcast_to(s, (K, n_H, M)).copy()
         self.candidate_blind = s.shape[-1] == 1 or bool(np.all(s == s[..., :1]))
         self.tau, self.eps = float(tau), float(eps)
-        self._g = self._per_candidate(self.candidate_reward)  # (joint..., K)
-        self._scores = self._per_candidate(self.router_scores)
+        self._g = self.per_candidate(self.candidate_reward)  # (joint..., K)
+        self._scores = self.per_candidate(self.router_scores)
         self._p = routing.router_propensities(self._scores, self.tau, self.eps)
         self._reward = torch.tensor(np.sum(self._p * self._g, axis=-1), dtype=DTYPE)
 
-    def _per_candidate(self, table: np.ndarray) -> np.ndarray:
-        """Lift a (K, n_H, M) table to (n_H, M..., M, K): entry j is table[j, H, A^(j)]."""
+    def _candidate_table(self, table, name: str) -> np.ndarray:
+        """Check a per-candidate table of shape (K, n_H, M), or (n_H, M) shared by the agents."""
+        K, n_H, M = self.n_agents, self.n_prompts, self.n_actions
+        t = as_float_array(table, name)
+        if t.shape == (n_H, M):
+            t = np.broadcast_to(t, (K, n_H, M))
+        if t.shape != (K, n_H, M):
+            raise ValueError(f"{name} must have shape ({K}, {n_H}, {M}) or ({n_H}, {M}), got {t.shape}")
+        return np.array(t)
+
+    def per_candidate(self, table, name: str = "table") -> np.ndarray:
+        """Lift a per-candidate table to every joint action.
+
+        ``table`` has shape (K, n_H, M) (entry [j, h, a]: a value of agent j's answer a to
+        prompt h, e.g. an outcome model mu_hat_j(h, a)) or (n_H, M) (shared by the agents).
+        Returns shape (n_H, M, ..., M, K) whose [h, a_1, ..., a_K, j] entry is table[j, h, a_j],
+        aligned with :meth:`candidate_values` and :meth:`propensities`.
+        """
+        t = self._candidate_table(table, name)
         K = self.n_agents
         cols = []
         for j in range(K):
-            view = table[j].reshape([self.n_prompts] + [self.n_actions if k == j else 1 for k in range(K)])
+            view = t[j].reshape([self.n_prompts] + [self.n_actions if k == j else 1 for k in range(K)])
             cols.append(np.broadcast_to(view, self.joint_shape))
         return np.stack(cols, axis=-1)
 

@@ -379,14 +379,7 @@ def candidate_table(pool, table) -> np.ndarray:
     Returns shape (n_H, M, ..., M, K) whose [h, a_1, ..., a_K, j] entry is table[j, h, a_j],
     aligned with ``pool.candidate_values()`` and ``pool.propensities()``.
     """
-    K, n_H, M = pool.n_agents, pool.n_prompts, pool.n_actions
-    t = as_float_array(table, "table")
-    if t.shape == (n_H, M):
-        t = np.broadcast_to(t, (K, n_H, M))
-    if t.shape != (K, n_H, M):
-        raise ValueError(f"table must have shape ({K}, {n_H}, {M}) or ({n_H}, {M}), got {t.shape}")
-    idx = np.indices(pool.joint_shape)
-    return np.stack([t[j][idx[0], idx[j + 1]] for j in range(K)], axis=-1)
+    return pool.per_candidate(table, "table")
 
 
 # --- filtered feedback: enumeration, draws and exact moments ------------------------------

@@ -780,7 +780,7 @@ def calibrated_router(cfg: SimConfig) -> np.ndarray:
     and the bias. With ``cfg.candidate_blind`` only the type enters: ``logit`` of the
     type's mean accuracy is not identifiable per candidate, so the weights are all zero.
     """
-    T, M, K = cfg.n_types, cfg.n_answers, cfg.n_agents
+    T, M = cfg.n_types, cfg.n_answers
     w = np.zeros(cfg.n_features)
     if cfg.candidate_blind:
         return w
