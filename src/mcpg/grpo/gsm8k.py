@@ -181,8 +181,8 @@ SPECIALTY_KEYWORDS: dict[str, tuple[str, ...]] = {
                  "triangle", "meter", "meters", "feet", "foot", "inch", "inches", "mile", "miles",
                  "distance", "side", "sides", "tall", "long", "wide", "yard", "yards", "volume"),
 }
-"""Keyword lists that assign a question to a specialty (paper §8: a keyword-assigned
-specialty defines the specialization diagnostic)."""
+"""Keyword lists that assign a question to a specialty. In paper §8 a keyword-assigned
+specialty defines the specialization diagnostic."""
 
 _WORD_RE = re.compile(r"[a-z]+|\$")
 
