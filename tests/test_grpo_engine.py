@@ -263,3 +263,18 @@ def test_config_files_and_bad_configs(tmp_path):
         resolve_config("tiny-random", loss_type="ppo")
     with pytest.raises(ValueError, match="agents"):
         resolve_config("tiny-random", agents=[{"name": "solo", "role": "r"}])
+
+
+def test_shared_prefill_gives_the_same_greedy_completions(pool):
+    prompts, adapters, temps = _rows(pool, ["What is 2+3?", "A square has side 3 feet."], m=3)
+    pool.share_prefill = False
+    plain = pool.generate(prompts, adapters, temps, max_new_tokens=8, greedy=True)
+    pool.share_prefill = True
+    shared = pool.generate(prompts, adapters, temps, max_new_tokens=8, greedy=True)
+    assert shared.texts == plain.texts
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.equal(shared.prompt_ids, plain.prompt_ids) and torch.equal(shared.prompt_mask, plain.prompt_mask)
+    # and sampled rows of one (prompt, agent) pair still differ from each other
+    torch.manual_seed(0)
+    sampled = pool.generate(prompts, adapters, [5.0] * len(prompts), max_new_tokens=8)
+    assert len(set(sampled.texts[:3])) > 1

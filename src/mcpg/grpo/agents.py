@@ -13,6 +13,10 @@ the frozen base model, the single-agent reference. ``generate`` takes one temper
 each row's own temperature is applied by :class:`RowTemperature`, a logits processor that
 divides row r's logits by ``T_r``.
 
+Rows that share a prompt and an adapter (the m completions of one agent for one prompt)
+share one prefill: the prompt's KV cache is computed once, in the same mixed-adapter way,
+and copied to the m rows before decoding.
+
 The actor loss needs every row's token log-probabilities under its own adapter; they too
 come from one mixed-adapter forward pass (:meth:`AgentPool.token_logprobs`). peft only
 allows ``adapter_names`` in eval mode, so the model stays in eval mode throughout; that
@@ -76,6 +80,17 @@ class RowTemperature:
         return scores / self.temperatures.to(device=scores.device, dtype=scores.dtype)
 
 
+class _StepProgress:
+    """A logits processor that only advances a progress bar by one per decoding step."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def __call__(self, input_ids, scores):
+        self.bar.update(1)
+        return scores
+
+
 def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[token]`` per position, without materialising the full log-softmax."""
     picked = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -126,10 +141,12 @@ class AgentPool:
             output head).
         seed: seeds the adapters' random initialisation (LoRA's B starts at 0, so every
             agent starts as the base model and they differ only by prompt and temperature).
+        share_prefill: compute the prompt's KV cache once per (prompt, agent) pair and copy it
+            to that pair's m completions, instead of m identical prefills.
     """
 
     def __init__(self, base_model, tokenizer, agents: list[AgentSpec], lora_r: int = 8, lora_alpha: int = 16,
-                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0):
+                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0, share_prefill: bool = True):
         from peft import LoraConfig, get_peft_model
 
         if len(agents) < 2:
@@ -141,6 +158,7 @@ class AgentPool:
             raise ValueError("lora_dropout must be 0: the pool runs in eval mode (mixed-adapter batches)")
         self.agents = list(agents)
         self.tokenizer = tokenizer
+        self.share_prefill = share_prefill
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=target_modules,
                          task_type="CAUSAL_LM", bias="none")
         with torch.random.fork_rng(devices=[]):
@@ -177,10 +195,14 @@ class AgentPool:
     # -- generation ----------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[str], adapters: list[str], temperatures, max_new_tokens: int,
-                 greedy: bool = False, batch_size: int | None = None, progress=None) -> Rollout:
+                 greedy: bool = False, batch_size: int | None = None, progress=None,
+                 min_new_tokens: int = 0) -> Rollout:
         """Generate one completion per row, all rows' adapters mixed in each batch.
 
-        ``progress`` is an optional tqdm bar advanced by the rows of each batch.
+        ``progress`` is an optional tqdm bar advanced by one per decoding step, with
+        ``max_new_tokens`` steps per batch;
+        ``min_new_tokens`` forbids EOS before that many tokens (benchmarks use it to fix
+        the amount of work).
         """
         n = len(prompts)
         if len(adapters) != n:
@@ -190,23 +212,46 @@ class AgentPool:
             raise ValueError("temperatures must hold one positive temperature per prompt")
         bs = n if not batch_size else int(batch_size)
         parts = [self._generate_batch(prompts[i:i + bs], adapters[i:i + bs], temps[i:i + bs],
-                                      max_new_tokens, greedy, progress) for i in range(0, n, bs)]
+                                      max_new_tokens, greedy, progress, min_new_tokens) for i in range(0, n, bs)]
         return _concat(parts, self.tokenizer.pad_token_id)
 
-    def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress) -> Rollout:
+    def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress, min_new_tokens=0) -> Rollout:
         from transformers import LogitsProcessorList
 
-        tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        tok, dev = self.tokenizer, self.device
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                       adapter_names=list(adapters))
+        if min_new_tokens:
+            kwargs["min_new_tokens"] = min_new_tokens
+        processors = LogitsProcessorList()
         if greedy:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         else:
-            kwargs.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                          logits_processor=LogitsProcessorList([RowTemperature(temps)]))
-        out = self.model.generate(**enc, **kwargs)
-        completion = out[:, enc.input_ids.shape[1]:].cpu()
+            kwargs.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+            processors.append(RowTemperature(temps))
+        if progress is not None:
+            processors.append(_StepProgress(progress))
+
+        # Shared prefill: the m completions of one (prompt, agent) pair start from the same
+        # prompt, so its KV cache is computed once (mixed adapters, all but the last prompt
+        # token) and copied to the m rows; generate() then runs only the decoding steps.
+        keys = list(zip(prompts, adapters))
+        uniq = list(dict.fromkeys(keys))
+        enc = tok([p for p, _ in uniq], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
+        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
+        input_ids, attention = enc.input_ids[row_map], enc.attention_mask[row_map]
+        if self.share_prefill and len(uniq) < len(keys) and enc.input_ids.shape[1] >= 2:
+            position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                out = self.model(input_ids=enc.input_ids[:, :-1], attention_mask=enc.attention_mask[:, :-1],
+                                 position_ids=position_ids[:, :-1], adapter_names=[a for _, a in uniq],
+                                 use_cache=True, logits_to_keep=1)
+            name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
+            cache = out[name]
+            cache.batch_select_indices(row_map)
+            kwargs[name] = cache
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, logits_processor=processors)
+        completion = out[:, input_ids.shape[1]:].cpu()
         is_eos = completion == tok.eos_token_id
         has_eos = is_eos.any(dim=1)
         first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, completion.shape[1], dtype=torch.long))
@@ -214,10 +259,9 @@ class AgentPool:
         mask = (pos <= first.unsqueeze(1)).long()
         completion = torch.where(mask.bool(), completion, torch.full_like(completion, tok.pad_token_id))
         texts = tok.batch_decode(completion, skip_special_tokens=True)
-        if progress is not None:
-            progress.update(len(prompts))
-        return Rollout(enc.input_ids.cpu(), enc.attention_mask.cpu(), completion, mask, texts, list(adapters),
-                       temps.cpu(), ~has_eos)
+        if progress is not None:  # generation may stop early (every row hit EOS): fill the bar
+            progress.update(max_new_tokens - completion.shape[1])
+        return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(), ~has_eos)
 
     # -- scoring -------------------------------------------------------------------------
     def token_logprobs(self, batch: Rollout) -> torch.Tensor:

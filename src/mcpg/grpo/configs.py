@@ -88,9 +88,9 @@ CONFIGS: dict[str, dict] = {
     },
     "cpu-smoke": {
         "name": "cpu-smoke", "model": "smollm2-135m", "device": "cpu", "dtype": "float32",
-        "train_problems": 64, "eval_problems": 32, "updates": 6, "prompts_per_update": 2,
+        "train_problems": 64, "eval_problems": 16, "updates": 4, "prompts_per_update": 2,
         "completions_per_agent": 4, "max_new_tokens": 96, "eval_max_new_tokens": 128,
-        "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4,
+        "train_micro_batch": 4, "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4,
     },
     "colab": {
         "name": "colab", "model": "Qwen/Qwen2.5-0.5B-Instruct", "device": "cuda", "dtype": "float16",

@@ -237,8 +237,10 @@ class Engine:
 
         # 1. rollout: all agents in one mixed-adapter batch
         prompts, adapters, temps, _ = self._rows(questions, m)
-        with tqdm(total=len(prompts), desc=f"rollout {self.step + 1}", unit="row", leave=False,
-                  disable=not (progress and self.dist.main)) as bar:
+        bs = cfg["generation_batch_size"] or len(prompts)
+        steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
+        with tqdm(total=steps, desc=f"rollout {self.step + 1} ({len(prompts)} completions)", unit="tok",
+                  leave=False, disable=not (progress and self.dist.main)) as bar:
             roll = self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
                                       batch_size=cfg["generation_batch_size"] or None, progress=bar)
         t_gen = time.perf_counter()
@@ -425,7 +427,9 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
     problems = engine.eval_set[dist.rank::dist.world]
     questions = [p["question"] for p in problems]
     prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=True)
-    with tqdm(total=len(prompts), desc="evaluate", unit="row", leave=False,
+    bs = cfg["generation_batch_size"] or len(prompts)
+    steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
+    with tqdm(total=steps, desc=f"evaluate ({len(prompts)} greedy answers)", unit="tok", leave=False,
               disable=not (progress and dist.main)) as bar:
         roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
                                     batch_size=cfg["generation_batch_size"] or None, progress=bar)
