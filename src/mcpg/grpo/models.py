@@ -152,6 +152,18 @@ def _from_hub(hub_id: str, torch_dtype):
     return None
 
 
+def _forget_gguf_quantization(model) -> None:
+    """A GGUF checkpoint is dequantised on load, so the model holds plain float weights, but
+    transformers still tags it as GGUF-quantised, and its Trainer (hence TRL) then refuses
+    to train it. Drop the stale tag (transformers' own ``remove_quantization_config``)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    for module in model.modules():
+        if getattr(getattr(module, "config", None), "_is_quantized", False):
+            module.config._is_quantized = False
+
+
 def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", seed: int = 0):
     """Load ``(model, tokenizer, source)`` for a model spec; see the module docstring.
 
@@ -179,6 +191,7 @@ def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", see
                 )
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+            _forget_gguf_quantization(model)
             source = str(path)
     else:
         tok = AutoTokenizer.from_pretrained(spec)
