@@ -278,3 +278,13 @@ def test_shared_prefill_gives_the_same_greedy_completions(pool):
     torch.manual_seed(0)
     sampled = pool.generate(prompts, adapters, [5.0] * len(prompts), max_new_tokens=8)
     assert len(set(sampled.texts[:3])) > 1
+
+
+def test_base_rows_in_a_mixed_batch_are_the_frozen_base_model(pool):
+    prompt = pool.prompt("What is 2+3?", None)
+    mixed = pool.generate([prompt, prompt], ["__base__", "ann"], [1.0, 1.0], max_new_tokens=6, greedy=True)
+    with pool.model.disable_adapter():
+        enc = pool.tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
+        out = pool.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=pool.tokenizer.pad_token_id)
+    base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    assert mixed.texts[0] == base_text

@@ -180,3 +180,27 @@ def test_bad_input(tmp_path, capsys):
         train("tiny-random", "wta", tmp_path / "z", prompts_per_update=50)
     assert main(["evaluate", "--run", str(tmp_path / "missing")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_two_cpu_processes_data_parallel(tmp_path):
+    """`accelerate launch` with two CPU processes (gloo): the run completes, the evaluation
+    covers every held-out problem, and the processes' weights stay identical (the engine
+    checks after every update and raises otherwise)."""
+    pytest.importorskip("accelerate")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    run = tmp_path / "ddp"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "-m", "mcpg.grpo", "train", "--config", "tiny-random", "--signal", "removal",
+                           "--output", str(run), "--updates", "2", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run / "config.json").read_text())["processes"] == 2
+    assert {p.name for p in (run / "checkpoint").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
+    assert len(_metrics(run)) == 2
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["n"] == 4 and ev["updates"] == 2
+    assert json.loads(proc.stdout)["n"] == 4  # one report, from the main process

@@ -4,13 +4,15 @@
     python -m mcpg.grpo evaluate --run DIR
 
 Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Several
-GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``.
+GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU processes:
+``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch / torchrun: the main process reports
+        print(json.dumps(result, indent=2))
     return 0
 
 

@@ -42,8 +42,12 @@ multiple of N) and its own share of the evaluation problems; the actor loss is n
 by the global token counts and the adapters' gradients are summed across processes
 before the step, so the update equals the single-process one on the whole batch; the
 router trains on the gathered selected feedback of all processes, identically in each.
-Only the main process writes the run directory. (A CPU run with two processes works
-the same way: ``accelerate launch --cpu --num_processes 2 -m mcpg.grpo train ...``.)
+Only the main process writes the run directory; after every update the processes check
+that they hold identical adapters and router (a RuntimeError otherwise). On a CPU, two
+processes (gloo) run with ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo
+train --config tiny-random ...`` (``--multi_gpu`` only selects accelerate's torchrun
+launcher; a config with ``device: cpu`` keeps every process on the CPU); the tests do this.
+A resumed data-parallel run needs the same number of processes.
 """
 
 from __future__ import annotations
@@ -274,6 +278,7 @@ class Engine:
         router_loss = self.router.fit(all_feats, all_I.numpy(), all_G.numpy(), all_p.numpy(),
                                       self.router_optimizer, steps=cfg["router_steps"])
         self.step += 1
+        self._check_in_sync()
 
         # metrics, over all processes
         spec_idx = {a.specialty: k for k, a in enumerate(self.agents) if a.specialty}
@@ -307,6 +312,18 @@ class Engine:
             "truncated": _mean(cat["trunc"]),
             "seconds": {"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0},
         }
+
+    def _check_in_sync(self) -> None:
+        """Data parallel: every process must hold the same adapters and router after an update."""
+        if self.dist.world == 1:
+            return
+        with torch.no_grad():
+            sums = [p.double().sum() for g in self.optimizer.param_groups for p in g["params"]]
+            sums += [p.double().sum() for p in self.router.parameters()]
+            mine = torch.stack([s.cpu() for s in sums]).to(self.dist.device)
+        everyone = self.dist.acc.gather(mine.unsqueeze(0)).cpu()
+        if not torch.equal(everyone.min(0).values, everyone.max(0).values):
+            raise RuntimeError(f"processes hold different weights after update {self.step}")
 
     def _gather_tensor(self, t: torch.Tensor) -> torch.Tensor:
         if self.dist.world == 1:
