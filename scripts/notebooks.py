@@ -92,7 +92,9 @@ def student(out: Path) -> Path:
         text = text.replace('title: "', 'title: "Student edition: ', 1)
         text = text.replace("  config:\n", "  config:\n    hide_solutions: true\n", 1)
         config.write_text(text, encoding="utf-8")
-        subprocess.run([sys.executable, "-m", "jupyter_book", "build", str(book), "-W", "-n", "--keep-going"], check=True)
+        jb = Path(sys.executable).parent / "jupyter-book"  # the one beside this Python, else on PATH
+        subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(book), "-W", "-n", "--keep-going"],
+                       check=True)
         shutil.copytree(book / "_build" / "html", out / "html")
         (out / "notebooks").mkdir(parents=True)
         for md in chapters(book):
