@@ -29,7 +29,7 @@ import numpy as np
 __all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "write_task"]
 
 SPECIALTIES: tuple[str, ...] = ("money", "time", "geometry")
-"""The three specialties of the default agents (:data:`mcpg.grpo.configs.DEFAULT_AGENTS`)."""
+"""The three specialties of the default agents (``mcpg.grpo.configs.DEFAULT_AGENTS``)."""
 
 OPERATIONS: tuple[str, ...] = ("add", "sub", "add_sub")
 """``add``: a + b; ``sub``: a - b (never negative); ``add_sub``: a + b - c (two steps)."""

@@ -1,6 +1,6 @@
 """Named configurations of the GRPO engine, and how a config is resolved and checked.
 
-A config is a flat dict; :data:`DEFAULTS` lists every key with its meaning. Named configs
+A config is a flat dict; ``DEFAULTS`` lists every key with its meaning. Named configs
 override a few of them:
 
 - ``tiny-random``: a random 2-layer Llama over a byte tokenizer (:mod:`mcpg.grpo.models`);
@@ -17,7 +17,7 @@ override a few of them:
   remaining values here are ordinary GRPO/LoRA choices, not the paper's.
 
 A JSON file may name a config by path instead: ``{"base": "colab", "updates": 20}`` takes
-``colab`` and overrides ``updates``; keys that :data:`DEFAULTS` does not know are refused.
+``colab`` and overrides ``updates``; keys that ``DEFAULTS`` does not know are refused.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def _bucket(token: str, dim: int) -> int:
 
 
 class CandidateFeatures:
-    """Feature map of (question, candidate, agent id) -> vector of length :attr:`dim`."""
+    """Feature map of (question, candidate, agent id) -> vector of length ``dim``."""
 
     N_FLAGS = 8
 
