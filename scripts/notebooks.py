@@ -49,6 +49,8 @@ def strip_solutions(text: str) -> str:
 def _notebook(text: str):
     nb = jupytext.reads(text, fmt="md:myst")
     nb.metadata.pop("jupytext", None)  # version-dependent; the kernelspec stays
+    for i, cell in enumerate(nb.cells):  # stable ids, so that a sync without edits changes nothing
+        cell.id = f"cell-{i:03d}"
     return nb
 
 
