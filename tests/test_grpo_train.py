@@ -22,13 +22,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(autouse=True)

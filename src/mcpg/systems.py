@@ -117,16 +117,21 @@ def planner_solver_critic(
                                prompt_probs=prompt_probs, noise=noise)
 
 
-def random_pipeline(rng: np.random.Generator, K: int = 3, n_prompts: int = 2, n_actions: int = 2,
-                    logit_scale: float = 1.0, noise: str = "bernoulli") -> mechanisms.Pipeline:
-    """A random chain of K singleton layers: random policies, rewards in [0, 1], prefix rewards."""
-    if int(K) != K or K < 2:
-        raise ValueError(f"K must be an integer >= 2, got {K}")
+def _check_sizes(K, n_prompts, n_actions, min_K: int) -> tuple[int, int]:
+    """Refuse bad sizes of a random system with a ValueError naming the argument."""
+    if int(K) != K or K < min_K:
+        raise ValueError(f"K must be an integer >= {min_K}, got {K}")
     if int(n_prompts) != n_prompts or n_prompts < 1:
         raise ValueError(f"n_prompts must be a positive integer, got {n_prompts}")
     if int(n_actions) != n_actions or n_actions < 2:
         raise ValueError(f"n_actions must be an integer >= 2, got {n_actions}")
-    H, M = int(n_prompts), int(n_actions)
+    return int(n_prompts), int(n_actions)
+
+
+def random_pipeline(rng: np.random.Generator, K: int = 3, n_prompts: int = 2, n_actions: int = 2,
+                    logit_scale: float = 1.0, noise: str = "bernoulli") -> mechanisms.Pipeline:
+    """A random chain of K singleton layers: random policies, rewards in [0, 1], prefix rewards."""
+    H, M = _check_sizes(K, n_prompts, n_actions, min_K=2)
     logits = [logit_scale * rng.normal(size=(H, M))]
     logits += [logit_scale * rng.normal(size=(H, M, M)) for _ in range(int(K) - 1)]
     reward = rng.uniform(size=(H,) + (M,) * int(K))
@@ -137,13 +142,7 @@ def random_pipeline(rng: np.random.Generator, K: int = 3, n_prompts: int = 2, n_
 def random_parallel_pool(rng: np.random.Generator, K: int = 3, n_prompts: int = 2, n_actions: int = 2,
                          logit_scale: float = 1.0, noise: str = "bernoulli") -> mechanisms.ParallelPool:
     """One layer of K agents with random policies and a random reward table E[G | H, A] in [0, 1]."""
-    if int(K) != K or K < 1:
-        raise ValueError(f"K must be a positive integer, got {K}")
-    if int(n_prompts) != n_prompts or n_prompts < 1:
-        raise ValueError(f"n_prompts must be a positive integer, got {n_prompts}")
-    if int(n_actions) != n_actions or n_actions < 2:
-        raise ValueError(f"n_actions must be an integer >= 2, got {n_actions}")
-    H, M = int(n_prompts), int(n_actions)
+    H, M = _check_sizes(K, n_prompts, n_actions, min_K=1)
     logits = logit_scale * rng.normal(size=(int(K), H, M))
     return mechanisms.ParallelPool(logits, rng.uniform(size=(H,) + (M,) * int(K)), noise=noise)
 
