@@ -161,8 +161,8 @@ def test_agent_spec_and_pool_bad_inputs():
     with pytest.raises(ValueError, match="name"):
         AgentSpec("__base__", "r")
     model, tok, _ = load_base("tiny-random")
-    with pytest.raises(ValueError, match="at least 2"):
-        AgentPool(model, tok, [AgentSpec("ann", "r")])
+    with pytest.raises(ValueError, match="at least 1"):
+        AgentPool(model, tok, [])
     with pytest.raises(ValueError, match="distinct"):
         AgentPool(model, tok, [AgentSpec("ann", "r"), AgentSpec("ann", "s")])
 
@@ -256,7 +256,7 @@ def test_config_files_and_bad_configs(tmp_path):
     with pytest.raises(ValueError, match="loss_type"):
         resolve_config("tiny-random", loss_type="ppo")
     with pytest.raises(ValueError, match="agents"):
-        resolve_config("tiny-random", agents=[{"name": "solo", "role": "r"}])
+        resolve_config("tiny-random", agents=[])
 
 
 def test_shared_prefill_gives_the_same_greedy_completions(pool):

@@ -43,9 +43,13 @@ BASE = "__base__"
 """peft's adapter name for the frozen base model in a mixed batch."""
 
 INSTRUCTION = (
-    "Solve the math word problem. Think step by step, then write the final answer as a number "
-    "on the last line in the form '#### <number>'."
+    "Solve the math word problem. Write the final answer as a number on the last line in the "
+    "form '#### <number>'."
 )
+"""The default instruction after each agent's role (config key ``instruction``). It asks for
+the answer format only: how much reasoning to write is the task's to say (the arithmetic task
+asks for one short line; an earlier "think step by step" made SmolLM2 run past its token budget
+on 62 % of completions)."""
 REFERENCE_ROLE = "You are a helpful assistant. " + INSTRUCTION
 
 
@@ -146,11 +150,12 @@ class AgentPool:
     """
 
     def __init__(self, base_model, tokenizer, agents: list[AgentSpec], lora_r: int = 8, lora_alpha: int = 16,
-                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0, share_prefill: bool = True):
+                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0, share_prefill: bool = True,
+                 instruction: str | None = None):
         from peft import LoraConfig, get_peft_model
 
-        if len(agents) < 2:
-            raise ValueError(f"agents must hold at least 2 agents (a routed pool), got {len(agents)}")
+        if len(agents) < 1:
+            raise ValueError("agents must hold at least 1 agent")
         names = [a.name for a in agents]
         if len(set(names)) != len(names):
             raise ValueError(f"agents must have distinct names, got {names}")
@@ -159,6 +164,7 @@ class AgentPool:
         self.agents = list(agents)
         self.tokenizer = tokenizer
         self.share_prefill = share_prefill
+        self.instruction = INSTRUCTION if instruction is None else str(instruction)
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=target_modules,
                          task_type="CAUSAL_LM", bias="none")
         with torch.random.fork_rng(devices=[]):
@@ -183,7 +189,7 @@ class AgentPool:
 
     def prompt(self, question: str, agent: AgentSpec | None = None) -> str:
         """The chat-formatted prompt of one agent (``None``: the frozen reference)."""
-        role = REFERENCE_ROLE if agent is None else agent.role + " " + INSTRUCTION
+        role = ("You are a helpful assistant. " if agent is None else agent.role + " ") + self.instruction
         messages = [{"role": "system", "content": role}, {"role": "user", "content": question}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 

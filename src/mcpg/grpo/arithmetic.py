@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "write_task"]
+__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "task_splits", "write_task"]
 
 SPECIALTIES: tuple[str, ...] = ("money", "time", "geometry")
 """The three specialties of the default agents (``mcpg.grpo.configs.DEFAULT_AGENTS``)."""
@@ -146,6 +146,22 @@ def write_task(folder: str | os.PathLike, n_train: int = 512, n_test: int = 128,
     what the engine's ``data_dir`` config key (or ``$MCPG_GSM8K_DIR``) expects. Returns the
     folder.
     """
+    train, test = task_splits(n_train, n_test, seed, operations, max_value)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("test", test)):
+        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n")
+    return out
+
+
+def task_splits(n_train: int = 512, n_test: int = 128, seed: int = 0,
+                operations: tuple[str, ...] = ("add", "sub"), max_value: int = 20) -> tuple[list[dict], list[dict]]:
+    """The training and held-out problems that :func:`write_task` writes, in memory.
+
+    The engine's config key ``task: "arithmetic"`` reads the task from here (no files needed).
+    """
     n_train = _check_int(n_train, "n_train", 1)
     n_test = _check_int(n_test, "n_test", 1)
     seed = _check_int(seed, "seed", 0)
@@ -163,13 +179,7 @@ def write_task(folder: str | os.PathLike, n_train: int = 512, n_test: int = 128,
         if k > 50:
             raise ValueError(f"could not draw {n_test} held-out problems unseen in training: "
                              f"increase max_value or reduce n_train/n_test")
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    for split, rows in (("train", train), ("test", test)):
-        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n")
-    return out
+    return train, test
 
 
 def main(argv: list[str] | None = None) -> int:

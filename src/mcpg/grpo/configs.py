@@ -47,6 +47,7 @@ DEFAULTS: dict = {
     "lora_r": 8,
     "lora_alpha": 16,
     "lora_target_modules": "all-linear",
+    "task": "gsm8k",             # gsm8k | arithmetic (chapter 8's CPU-size task, generated in memory)
     "data_dir": None,            # local GSM8K folder; None: $MCPG_GSM8K_DIR, else the hub
     "data_seed": 0,              # draws the training and held-out subsets
     "train_problems": 512,       # None: the whole training split
@@ -65,14 +66,19 @@ DEFAULTS: dict = {
     "clip_eps_high": None,       # TRL epsilon_high (None: = clip_eps)
     "loss_type": "dapo",         # TRL loss_type: dapo (TRL default) | bnpo | grpo | dr_grpo
     "num_iterations": 1,         # TRL num_iterations (mu): optimizer steps per rollout
-    "advantage_eps": 1e-6,       # added to the group standard deviation
+    "advantage_eps": 1e-4,       # added to the group standard deviation (TRL's default)
+    "scale_rewards": "group",    # TRL scale_rewards: group (divide by the group's std) | none (centred only)
     "router_tau": 1.0,           # Eq. (3) temperature
     "router_eps": 0.1,           # Eq. (3) uniform exploration (overlap for Eq. 19)
     "router_hidden": 64,
     "router_lr": 1e-2,
     "router_steps": 20,          # full-batch IPW cross-entropy steps after each actor update
+    "router_replay": 0,          # the router learns from the slates of the last n updates (0: all so far)
     "question_features": 128,    # hashed bag-of-words buckets for the question
     "candidate_features": 256,   # and for the candidate
+    "eval_initial": True,        # evaluate the untrained pool before the first update
+    "eval_batch_size": 64,       # rows per generate call in evaluation (bounded memory on any split)
+    "instruction": None,         # appended to each agent's role; None: mcpg.grpo.agents.INSTRUCTION
     "eval_every": 0,             # evaluate every n updates during training (0: only at the end)
     "checkpoint_every": 1,       # write the resumable checkpoint every n updates
     "progress": True,            # tqdm bars on rollouts and updates
@@ -91,6 +97,14 @@ CONFIGS: dict[str, dict] = {
         "train_problems": 64, "eval_problems": 16, "updates": 4, "prompts_per_update": 2,
         "completions_per_agent": 4, "max_new_tokens": 96, "eval_max_new_tokens": 128,
         "train_micro_batch": 4, "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4,
+    },
+    "control": {
+        "name": "control", "model": "smollm2-135m", "device": "cpu", "dtype": "float32", "task": "arithmetic",
+        "agents": [{"name": "solver", "role": "You are a helpful assistant.", "temperature": 0.7,
+                    "specialty": None}],
+        "train_problems": 512, "eval_problems": 128, "updates": 40, "prompts_per_update": 8,
+        "completions_per_agent": 8, "max_new_tokens": 40, "eval_max_new_tokens": 40,
+        "train_micro_batch": 16, "lora_r": 8, "lora_alpha": 16, "learning_rate": 5e-4,
     },
     "colab": {
         "name": "colab", "model": "Qwen/Qwen2.5-0.5B-Instruct", "device": "cuda", "dtype": "float16",
@@ -129,7 +143,8 @@ def check_config(cfg: dict) -> dict:
         _positive_int(cfg, key)
     for key in ("train_problems", "eval_problems"):
         _positive_int(cfg, key, allow_none=True)
-    for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed", "data_seed"):
+    for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed", "data_seed",
+                "router_replay"):
         _positive_int(cfg, key, allow_zero=True)
     if cfg["completions_per_agent"] < 2:
         raise ValueError("config key 'completions_per_agent' must be at least 2 (a GRPO group)")
@@ -141,6 +156,13 @@ def check_config(cfg: dict) -> dict:
             raise ValueError(f"config key {key!r} must be a non-negative number, got {cfg[key]!r}")
     if not isinstance(cfg["router_eps"], (int, float)) or not 0 < cfg["router_eps"] <= 1:
         raise ValueError(f"config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), got {cfg['router_eps']!r}")
+    if cfg["task"] not in ("gsm8k", "arithmetic"):
+        raise ValueError(f"config key 'task' must be 'gsm8k' or 'arithmetic', got {cfg['task']!r}")
+    if cfg["scale_rewards"] not in ("group", "none"):
+        raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', got {cfg['scale_rewards']!r}")
+    _positive_int(cfg, "eval_batch_size")
+    if cfg["instruction"] is not None and not isinstance(cfg["instruction"], str):
+        raise ValueError(f"config key 'instruction' must be a string or null, got {cfg['instruction']!r}")
     if cfg["dtype"] not in ("float32", "bfloat16", "float16", "auto"):
         raise ValueError(f"config key 'dtype' must be float32, bfloat16, float16 or auto, got {cfg['dtype']!r}")
     if cfg["device"] not in ("auto", "cpu", "cuda"):
@@ -150,8 +172,8 @@ def check_config(cfg: dict) -> dict:
     if cfg["loss_type"] not in LOSS_TYPES:
         raise ValueError(f"config key 'loss_type' must be one of {LOSS_TYPES}, got {cfg['loss_type']!r}")
     agents = cfg["agents"]
-    if not isinstance(agents, list) or len(agents) < 2:
-        raise ValueError("config key 'agents' must be a list of at least 2 agents")
+    if not isinstance(agents, list) or len(agents) < 1:
+        raise ValueError("config key 'agents' must be a non-empty list of agents (one agent: the control)")
     for a in agents:
         extra = set(a) - {"name", "role", "temperature", "specialty"}
         if extra or "name" not in a or "role" not in a:

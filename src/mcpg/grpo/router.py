@@ -125,10 +125,14 @@ class Router(nn.Module):
         (leave-one-out propensities) and ``mu_hat`` (..., K).
         """
         s = self(features).double().cpu().numpy()
+        if s.shape[-1] == 1:  # one agent: it is always deployed; deleting it leaves no slate
+            P = np.zeros(s.shape + (1,))
+        else:
+            P = routing.leave_one_out_propensities(s, tau=self.tau, eps=self.eps)
         return {
             "scores": s,
             "p": routing.router_propensities(s, tau=self.tau, eps=self.eps),
-            "P": routing.leave_one_out_propensities(s, tau=self.tau, eps=self.eps),
+            "P": P,
             "mu_hat": 1.0 / (1.0 + np.exp(-s)),
         }
 

@@ -142,6 +142,31 @@ def _json_default(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def _advantages(scores: np.ndarray, scale_rewards: str, eps: float) -> np.ndarray:
+    """Group-relative advantages over the m completions (axis 1 of (B, m, K)), as TRL's
+    ``scale_rewards``: ``group`` divides the centred scores by the group's std + eps, ``none``
+    only centres them."""
+    if scale_rewards == "none":
+        return scores - scores.mean(axis=1, keepdims=True)
+    return group_standardize(scores, eps=eps, axis=1)
+
+
+def _load_split(cfg: dict, split: str) -> list[dict]:
+    """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
+    or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``)."""
+    n = cfg["train_problems" if split == "train" else "eval_problems"]
+    if cfg["task"] == "gsm8k":
+        return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
+    from .arithmetic import task_splits
+
+    rows = task_splits(512, 128, seed=0)[0 if split == "train" else 1]
+    if n is not None:
+        if n > len(rows):
+            raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
+        rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
+    return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
+
+
 def _mean(x) -> float | None:
     x = np.asarray(x, dtype=float)
     return float(x.mean()) if x.size else None
@@ -175,9 +200,8 @@ class Engine:
         self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
         self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
 
-        self.train_set = load_gsm8k("train", n=cfg["train_problems"], seed=cfg["data_seed"],
-                                    data_dir=cfg["data_dir"]) if load_train else []
-        self.eval_set = load_gsm8k("test", n=cfg["eval_problems"], seed=cfg["data_seed"], data_dir=cfg["data_dir"])
+        self.train_set = _load_split(cfg, "train") if load_train else []
+        self.eval_set = _load_split(cfg, "test")
         if load_train and cfg["prompts_per_update"] > len(self.train_set):
             raise ValueError(f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
                              f"{len(self.train_set)} training problems")
@@ -190,7 +214,7 @@ class Engine:
         self.agents = [AgentSpec(**a) for a in cfg["agents"]]
         self.K = len(self.agents)
         self.pool = AgentPool(model, tok, self.agents, lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"],
-                              target_modules=cfg["lora_target_modules"], seed=seed)
+                              target_modules=cfg["lora_target_modules"], seed=seed, instruction=cfg["instruction"])
         self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -199,6 +223,7 @@ class Engine:
             [{"params": self.pool.adapter_params(a.name), "name": a.name} for a in self.agents],
             lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
         self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg["router_lr"])
+        self.replay: list[dict[str, torch.Tensor]] = []  # logged slates of earlier updates (the router's data)
         self.step = 0
 
     # -- rollout ---------------------------------------------------------------------------
@@ -263,20 +288,26 @@ class Engine:
 
         # 4-5. credit and per-agent group standardisation
         scores = credit(self.signal, I, G, p, P, mu, rewards_all=R)
-        adv = group_standardize(scores, eps=cfg["advantage_eps"], axis=1)  # (B, m, K): group = m
+        adv = _advantages(scores, cfg["scale_rewards"], cfg["advantage_eps"])  # (B, m, K): group = m
         adv_rows = torch.as_tensor(adv.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
 
         # 6. actor update
-        losses = self._actor_update(roll, adv_rows)
+        losses, clip_fraction = self._actor_update(roll, adv_rows)
         t_actor = time.perf_counter()
 
-        # 7. router update on this rollout's selected feedback (all processes' data)
-        all_feats = self._gather_tensor(feats.reshape(B * m, K, -1))
-        all_I = self._gather_tensor(torch.as_tensor(I.reshape(-1)))
-        all_G = self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32))
-        all_p = self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32))
-        router_loss = self.router.fit(all_feats, all_I.numpy(), all_G.numpy(), all_p.numpy(),
-                                      self.router_optimizer, steps=cfg["router_steps"])
+        # 7. router update on the logged selected feedback of this and earlier rollouts (all
+        #    processes' data); the router that scored this rollout was fitted on earlier data only
+        self.replay.append({
+            "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
+            "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
+            "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
+            "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
+        })
+        if cfg["router_replay"]:
+            self.replay = self.replay[-cfg["router_replay"]:]
+        logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
+        router_loss = self.router.fit(logged["features"], logged["selected"].numpy(), logged["reward"].numpy(),
+                                      logged["p"].numpy(), self.router_optimizer, steps=cfg["router_steps"])
         self.step += 1
         self._check_in_sync()
 
@@ -291,6 +322,8 @@ class Engine:
             "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
             "spec": spec_hits, "len": mask_len.tolist(), "trunc": roll.truncated.double().tolist(),
             "score": scores.reshape(-1, K).tolist(),
+            "zero_std": (np.ptp(scores, axis=1) == 0).reshape(-1, K).tolist(),  # (B, K) groups
+            "zero_std_reward": (np.ptp(R, axis=1) == 0).reshape(-1, K).tolist(),
         }]
         st = self.dist.gather(local_stats)
         cat = {k: sum((s[k] for s in st), []) for k in st[0]}
@@ -310,6 +343,10 @@ class Engine:
             "router_loss": router_loss,
             "completion_tokens": _mean(cat["len"]),
             "truncated": _mean(cat["trunc"]),
+            "zero_std_fraction": np.array(cat["zero_std"], dtype=float).mean(0).tolist(),
+            "zero_std_reward_fraction": np.array(cat["zero_std_reward"], dtype=float).mean(0).tolist(),
+            "clip_fraction": clip_fraction,
+            "router_slates": int(sum(len(r["selected"]) for r in self.replay)),
             "seconds": {"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0},
         }
 
@@ -330,8 +367,14 @@ class Engine:
             return t
         return self.dist.acc.gather(t.to(self.dist.device)).cpu()
 
-    def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> list[float]:
-        """Clipped GRPO loss on each agent's adapter; returns each agent's loss."""
+    def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float]:
+        """Clipped GRPO loss on each agent's adapter; returns each agent's loss and the clip fraction.
+
+        The clip fraction is TRL's ``clip_ratio/region_mean``: the share of completion tokens whose
+        probability ratio lies in the clipped region on the side its advantage pushes (ratio below
+        1 - eps with a negative advantage, or above 1 + eps_high with a positive one), over all
+        optimizer steps of the rollout. With ``num_iterations = 1`` the ratio is 1 and it is 0.
+        """
         cfg, K = self.cfg, self.K
         n = len(roll)
         agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
@@ -349,6 +392,9 @@ class Engine:
                 old = [self.pool.token_logprobs(roll.rows(c)).detach() for c in chunks]
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         agent_loss = [0.0] * K
+        eps_low = cfg["clip_eps"]
+        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
+        clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
         for _ in range(cfg["num_iterations"]):
             self.optimizer.zero_grad(set_to_none=False)
             agent_loss = [0.0] * K
@@ -358,6 +404,11 @@ class Engine:
                 logp_old = logp.detach() if old is None else old[ci]
                 mask = sub.completion_mask.to(logp.device)
                 a_rows = agent_of_row[c]
+                with torch.no_grad():
+                    ratio = torch.exp(logp.detach() - logp_old)
+                    a_tok = adv_rows[c].to(logp.device)[:, None]
+                    region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
+                    clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
                 total = logp.new_zeros(())
                 for k in range(K):
                     sel = (a_rows == k).nonzero().squeeze(1).to(logp.device)
@@ -381,7 +432,8 @@ class Engine:
                     torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), cfg["max_grad_norm"])
             self.optimizer.step()
         losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
-        return losses.tolist()
+        clipped = self.dist.sum_(clipped.to(self.dist.device)).cpu()
+        return losses.tolist(), float(clipped[0] / clipped[1].clamp(min=1.0))
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -402,6 +454,7 @@ class Engine:
             self.router.save(tmp / "router.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
+            torch.save(self.replay, tmp / "router_replay.pt")
             _write_json(tmp / "state.json", {"step": self.step, "signal": self.signal, "world": self.dist.world})
         self.dist.barrier()
         torch.save(rank_state, tmp / f"rng_rank{self.dist.rank}.pt")
@@ -424,6 +477,8 @@ class Engine:
         self.router.load(folder / "router.safetensors")
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
+        if (folder / "router_replay.pt").exists():
+            self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
         _set_rng_state(torch.load(folder / f"rng_rank{self.dist.rank}.pt", weights_only=True),
                        self.data_rng, self.select_rng)
         self.step = int(state["step"])
@@ -444,12 +499,12 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
     problems = engine.eval_set[dist.rank::dist.world]
     questions = [p["question"] for p in problems]
     prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=True)
-    bs = cfg["generation_batch_size"] or len(prompts)
+    bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
     steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
     with tqdm(total=steps, desc=f"evaluate ({len(prompts)} greedy answers)", unit="tok", leave=False,
               disable=not (progress and dist.main)) as bar:
         roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
-                                    batch_size=cfg["generation_batch_size"] or None, progress=bar)
+                                    batch_size=bs, progress=bar)
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     per_problem = []
     for b, prob in enumerate(problems):
@@ -482,6 +537,9 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
         "deployed_fraction": [float((dep == k).mean()) for k in range(K)],
         "n": len(allp),
         "n_specialty": len(spec),
+        "correct": [int(r) for r in Rm[np.arange(len(allp)), dep]],
+        "base_correct": [int(x["base"]) for x in allp],
+        "agent_correct": Rm.astype(int).tolist(),
     }
 
 
@@ -553,6 +611,17 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
 
     from tqdm.auto import tqdm
 
+    initial = None
+    init_path = out / "initial_eval.json"
+    if cfg["eval_initial"]:
+        if engine.step == 0 and not init_path.exists():
+            initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
+            if dist.main:
+                _write_json(init_path, initial)
+        elif init_path.exists():
+            initial = json.loads(init_path.read_text())
+        dist.barrier()
+
     start = engine.step
     with tqdm(total=cfg["updates"], initial=start, desc=f"GRPO {signal}", unit="update",
               disable=not (show and dist.main)) as bar:
@@ -570,13 +639,22 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
 
-    result = engine.evaluate(progress=show)
+    result = {**engine.evaluate(progress=show), **_initial_keys(initial), "signal": signal, "updates": engine.step}
     if dist.main:
         engine.pool.save_adapters(out / "adapters")
         engine.router.save(out / "router.safetensors")
-        _write_json(out / "eval.json", {**result, "signal": signal, "updates": engine.step})
+        _write_json(out / "eval.json", result)
     dist.barrier()
-    return {**result, "signal": signal, "updates": engine.step}
+    return result
+
+
+def _initial_keys(initial: dict | None) -> dict:
+    """eval.json's keys from the evaluation of the untrained pool (None when it was not run)."""
+    if initial is None:
+        return {}
+    return {"initial_accuracy": initial["accuracy"], "initial_correct": initial["correct"],
+            "initial_agent_accuracy": initial["agent_accuracy"],
+            "initial_deployed_fraction": initial["deployed_fraction"]}
 
 
 def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
@@ -601,7 +679,9 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
     if steps is None:
         old = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
         steps = old.get("updates")
-    result = {**result, "signal": saved["signal"], "updates": steps}
+    init_path = run / "initial_eval.json"
+    initial = json.loads(init_path.read_text()) if init_path.exists() else None
+    result = {**result, **_initial_keys(initial), "signal": saved["signal"], "updates": steps}
     if engine.dist.main:
         _write_json(run / "eval.json", result)
     return result
