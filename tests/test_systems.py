@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpg import fields
+from mcpg import fields, systems
 from mcpg import mechanisms as M
-from mcpg import systems
 
 
 def psc_value_by_hand(plan, solve, revise, fix, keep, ph=(0.5, 0.5)):

@@ -127,7 +127,8 @@ def _joint(system: System, X, name: str) -> np.ndarray:
     try:
         return np.broadcast_to(arr, system.joint_shape).copy()
     except ValueError:
-        raise ValueError(f"{name} must broadcast to the joint shape {system.joint_shape}, got {arr.shape}") from None
+        raise ValueError(f"{name} must broadcast to the joint shape {system.joint_shape}, "
+                         f"got {arr.shape}") from None
 
 
 def _joint_prob(system: System) -> np.ndarray:
@@ -290,7 +291,10 @@ def corollary1_table(system: System, agent_names: Sequence[str] | None = None,
     rows = []
     for i in range(K):
         scope = set(layer_backgrounds(system, i))
-        backgrounds = [S for S in range(1 << K) if not (S >> i) & 1] if include_out_of_scope else sorted(scope)
+        if include_out_of_scope:
+            backgrounds = [S for S in range(1 << K) if not (S >> i) & 1]
+        else:
+            backgrounds = sorted(scope)
         for S in backgrounds:
             q_S = mechanisms.retention_value(system, S).numpy()
             rows.append({

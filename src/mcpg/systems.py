@@ -148,7 +148,8 @@ def random_parallel_pool(rng: np.random.Generator, K: int = 3, n_prompts: int = 
 
 
 def random_team(rng: np.random.Generator, K: int = 4, n_prompts: int = 2, n_actions: int = 3,
-                interaction: float = 0.2, logit_scale: float = 1.0, noise: str = "fixed") -> mechanisms.ParallelPool:
+                interaction: float = 0.2, logit_scale: float = 1.0,
+                noise: str = "fixed") -> mechanisms.ParallelPool:
     """A parallel team: E[G | H, A] = (1 - λ) mean_j w_j(H, A^(j)) + λ u(H, A), λ = ``interaction``.
 
     w_j(H, a) and u(H, A) are uniform on [0, 1], so E[G | H, A] lies in [0, 1]. With λ = 0 the
@@ -197,4 +198,5 @@ def valuation_fields(system: mechanisms.System, h: int, actions: Sequence[int]) 
     for i in range(K):  # an entry with an undefined endpoint is undefined
         S = np.arange(1 << K)
         field_rem[i, undefined[S] | undefined[S | (1 << i)]] = np.nan
-    return {"v_ret": v_ret, "v_rem": v_rem, "field_ret": fields.contribution_field(v_ret), "field_rem": field_rem}
+    return {"v_ret": v_ret, "v_rem": v_rem, "field_ret": fields.contribution_field(v_ret),
+            "field_rem": field_rem}
