@@ -72,7 +72,8 @@ def test_masks_that_read_the_actions_break_lemma2():
     # S uniform among groups with agent 0 when A^(0) != 0, among groups without it when A^(0) == 0
     pS = np.where(has0 == (a0 != 0)[None], 1.0 / (1 << (K - 1)), 0.0)
     data = cr.population_dataset(system, pS)
-    best = cr.empirical_minimiser(data.inputs, data.targets, data.weights).reshape((1 << K,) + system.joint_shape)
+    best = cr.empirical_minimiser(data.inputs, data.targets, data.weights)
+    best = best.reshape((1 << K,) + system.joint_shape)
     q = mech.retention_values(system).numpy()
     without0 = [S for S in range(1 << K) if not S & 1]
     gap = max(np.nanmax(np.abs(best[S] - q[S])) for S in without0)
@@ -81,7 +82,8 @@ def test_masks_that_read_the_actions_break_lemma2():
 
 def test_training_reaches_the_population_minimiser():
     """Trained on the population loss, the MLP is within 0.01 of q^ret at every (S, H, A)."""
-    system = mech.random_routed_pool(np.random.default_rng(11), K=3, n_prompts=2, n_actions=3, logit_scale=0.5)
+    system = mech.random_routed_pool(np.random.default_rng(11), K=3, n_prompts=2, n_actions=3,
+                                     logit_scale=0.5)
     data = cr.population_dataset(system)
     critic = cr.fit_critic(data.inputs, data.targets, data.weights, steps=1200, seed=1)
     err = cr.critic_values(critic, system) - mech.retention_values(system).numpy()
@@ -91,7 +93,8 @@ def test_training_reaches_the_population_minimiser():
 def test_critic_converges_from_sampled_trajectories():
     """20 000 trajectories, every mask: max |q̂ − q^ret| < 0.05 over every (S, H, A)."""
     rng = np.random.default_rng(5)
-    system = mech.ParallelPool(0.5 * rng.normal(size=(3, 2, 3)), rng.uniform(size=(2, 3, 3, 3)), noise="fixed")
+    system = mech.ParallelPool(0.5 * rng.normal(size=(3, 2, 3)), rng.uniform(size=(2, 3, 3, 3)),
+                               noise="fixed")
     critic = cr.train_critic(system, system.sample(20_000, rng), steps=1000)
     err = cr.critic_values(critic, system) - mech.retention_values(system).numpy()
     assert np.abs(err).max() < 0.05
@@ -152,9 +155,10 @@ def test_ensemble_members_do_not_interact():
     n = len(data.targets)
     w0 = (rng.random(n) < 0.5).astype(float)
     a = cr.fit_critic(data.inputs, data.targets, np.stack([w0, rng.random(n)]), steps=100, hidden=8)
-    b = cr.fit_critic(data.inputs, data.targets, np.stack([w0, (rng.random(n) < 0.2).astype(float)]), steps=100,
-                      hidden=8)
-    np.testing.assert_allclose(cr.critic_values(a, system, 0), cr.critic_values(b, system, 0), rtol=0, atol=1e-5)
+    w1 = (rng.random(n) < 0.2).astype(float)
+    b = cr.fit_critic(data.inputs, data.targets, np.stack([w0, w1]), steps=100, hidden=8)
+    np.testing.assert_allclose(cr.critic_values(a, system, 0), cr.critic_values(b, system, 0),
+                               rtol=0, atol=1e-5)
     assert np.abs(cr.critic_values(a, system, 1) - cr.critic_values(b, system, 1)).max() > 1e-3
 
 
@@ -222,7 +226,7 @@ def test_group_masks_roundtrip():
 @SETTINGS
 @given(seed=seeds, kind=st.sampled_from(["routed", "pool", "pipeline"]))
 def test_any_fixed_critic_gives_a_gradient_correct_residual(seed, kind):
-    """Proposition 5 exactly: E[Ψ_i (G − q̂(S))] = ∇_i J for an arbitrary (untrained) critic and every valid S."""
+    """Proposition 5 exactly: E[Ψ_i (G − q̂(S))] = ∇_i J for an arbitrary (untrained) critic, every valid S."""
     system = random_system(seed, kind)
     q_hat = cr.critic_values(cr.MaskedCritic.for_system(system, hidden=8, seed=seed % 1000), system)
     G = system.reward_mean().numpy()

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 
 from mcpg.fields import (
     additive_game,
+    best_scalar_contributions,
     contribution_field,
+    interaction_spread,
     is_additive,
     mask_to_set,
     ordered_sum,
+    ordered_totality_system,
     random_game,
     scalar_contributions,
     set_function_from_callable,
@@ -290,3 +293,50 @@ def test_bad_orders_are_refused():
 def test_bad_weights_are_refused():
     with pytest.raises(ValueError, match="weights"):
         additive_game([1.0, np.nan])
+
+
+# --- Proposition 2 checked three ways, Proposition 3's uniqueness -------------------------
+
+
+@SETTINGS
+@given(games(max_n=5))
+def test_proposition2_three_conditions_agree_when_v_empty_is_zero(v):
+    """(i) least-squares scalars exist, (ii) no interaction, (iii) additive: equivalent when
+    v(∅) = 0, each computed without assuming the others."""
+    v = v - v[0]
+    exists = best_scalar_contributions(v)[1] < 1e-7
+    no_interaction = interaction_spread(v).max(initial=0.0) < 1e-7
+    assert exists == no_interaction == is_additive(v, atol=1e-7)
+
+
+def test_constant_game_has_no_interaction_but_no_scalars():
+    """(ii) ⇒ (iii) needs v(∅) = 0: a constant game has no interaction and is not additive."""
+    v = np.full(8, 2.0)
+    assert interaction_spread(v).max() == 0.0
+    assert not is_additive(v) and scalar_contributions(v) is None
+    assert best_scalar_contributions(v)[1] > 0.5
+
+
+def test_best_scalar_contributions_by_hand():
+    delta, viol = best_scalar_contributions(np.array([0.0, 0.0, 0.0, 1.0]))  # complements
+    assert viol == pytest.approx(1 / 3) and np.allclose(delta, 1 / 3)
+    delta, viol = best_scalar_contributions(additive_game([1.0, -2.0, 0.5]))
+    assert viol < 1e-12 and np.allclose(delta, [1.0, -2.0, 0.5])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_ordered_totality_has_a_unique_solution_the_field(n):
+    A, groups, entries = ordered_totality_system(n)
+    assert A.shape == (sum(math.comb(n, k) * math.factorial(k) for k in range(1, n + 1)),
+                       n * 2 ** (n - 1))
+    assert np.linalg.matrix_rank(A) == A.shape[1]          # unique: the "only if" of Prop. 3
+    v = random_game(n, np.random.default_rng(n))
+    x = np.linalg.lstsq(A, v[groups], rcond=None)[0]
+    field = contribution_field(v)
+    assert max(abs(x[k] - field[i, S]) for k, (i, S) in enumerate(entries)) < 1e-10
+    assert np.abs(A @ x - v[groups]).max() < 1e-10
+
+
+def test_ordered_totality_system_rejects_bad_n():
+    with pytest.raises(ValueError, match="n must"):
+        ordered_totality_system(7)

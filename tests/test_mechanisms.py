@@ -66,6 +66,34 @@ def test_theorem1_candidate_blind_router_has_no_bias(seed, tau, eps):
     assert _norm(M.winner_take_all_bias(pool)) < 1e-12
 
 
+@settings(max_examples=10, deadline=None)
+@given(seeds, st.floats(0.2, 3.0), st.floats(0.0, 0.5))
+def test_theorem1_by_finite_differences(seed, tau, eps):
+    """Theorem 1 on a path that shares nothing with autograd or the score sums: central
+    differences of the exact U_i and J_sys match E[1{I=i} Psi_i G] and E[Psi_i G]."""
+    pool = M.random_routed_pool(np.random.default_rng(seed), K=3, tau=tau, eps=eps)
+    fd_U = M.finite_difference_gradients(pool, M.private_utilities)
+    fd_J = M.finite_difference_gradients(pool, M.system_value)
+    for i in range(3):
+        wta = M.score_expectation(pool, pool.winner_return(i))[i]
+        np.testing.assert_allclose(fd_U[i], wta, atol=1e-8)
+        np.testing.assert_allclose(fd_J[i], M.score_expectation(pool, pool.reward_mean())[i], atol=1e-8)
+    # the parameters are restored, and a value that ignores theta has zero gradient
+    np.testing.assert_allclose(M.system_gradient(pool)[0], fd_J[0], atol=1e-8)
+    flat = M.finite_difference_gradients(pool, lambda p: torch.tensor(1.0))
+    assert max(np.abs(g).max() for g in flat) == 0.0
+
+
+def test_finite_differences_see_a_wrong_score():
+    """The check can fail: a score table for the wrong agent is caught."""
+    pool = M.random_routed_pool(np.random.default_rng(4), K=3, tau=0.3, eps=0.1)
+    fd_U = M.finite_difference_gradients(pool, M.private_utilities)
+    wrong = M.score_expectation(pool, pool.winner_return(1))[0]  # agent 2's share, agent 1's score
+    assert np.abs(fd_U[0] - wrong).max() > 1e-3
+    with pytest.raises(ValueError, match="step"):
+        M.finite_difference_gradients(pool, M.system_value, step=0.0)
+
+
 def test_candidate_reading_router_is_biased():
     pool = M.random_routed_pool(np.random.default_rng(3), K=3, tau=0.3, eps=0.0)
     assert _norm(M.winner_take_all_bias(pool)) > 1e-3
@@ -101,7 +129,8 @@ def test_retention_value_marginalises_by_hand():
 def test_pipeline_removal_undefined_with_a_gap_and_corollary1():
     rng = np.random.default_rng(0)
     pl = M.Pipeline([rng.normal(size=(2, 3)), rng.normal(size=(2, 3, 3)), rng.normal(size=(2, 3, 3))],
-                    rng.uniform(size=(2, 3, 3, 3)), prefix_rewards=[rng.uniform(size=(2, 3)), rng.uniform(size=(2, 3, 3))])
+                    rng.uniform(size=(2, 3, 3, 3)),
+                    prefix_rewards=[rng.uniform(size=(2, 3)), rng.uniform(size=(2, 3, 3))])
     q_rem = M.removal_values(pl)
     defined = [S for S in range(8) if not torch.isnan(q_rem[S]).any()]
     assert defined == [0b000, 0b001, 0b011, 0b111]
@@ -147,11 +176,13 @@ def test_samples_follow_the_joint_law():
         (lambda: M.ParallelPool(np.zeros((1, 1, 2)), np.array([[0.5, np.nan]])), "reward"),
         (lambda: M.ParallelPool(np.zeros((1, 1, 2)), np.array([[0.5, 2.0]])), "reward"),
         (lambda: M.ParallelPool(np.zeros((1, 1, 2)), np.zeros((1, 2)), noise="gaussian"), "noise"),
-        (lambda: M.RoutedPool(np.zeros((2, 1, 2)), np.zeros((3, 1, 2)), np.zeros((2, 1, 2))), "candidate_reward"),
+        (lambda: M.RoutedPool(np.zeros((2, 1, 2)), np.zeros((3, 1, 2)), np.zeros((2, 1, 2))),
+         "candidate_reward"),
         (lambda: M.RoutedPool(np.zeros((2, 1, 2)), np.zeros((1, 2)), np.zeros((2, 1, 5))), "router_scores"),
         (lambda: M.RoutedPool(np.zeros((2, 1, 2)), np.zeros((1, 2)), np.zeros((1, 2)), tau=-1.0), "tau"),
         (lambda: M.Pipeline([np.zeros((1, 2)), np.zeros((1, 3, 3))], np.zeros((1, 2, 2))), "logits"),
-        (lambda: M.ParallelPool(np.zeros((1, 2, 2)), np.zeros((2, 2)), prompt_probs=[0.5, 0.6]), "prompt_probs"),
+        (lambda: M.ParallelPool(np.zeros((1, 2, 2)), np.zeros((2, 2)), prompt_probs=[0.5, 0.6]),
+         "prompt_probs"),
         (lambda: M.retention_value(M.proposition1_systems()[0], 4), "S"),
         (lambda: M.proposition1_systems()[0].sample(0, np.random.default_rng(0)), "n"),
     ],

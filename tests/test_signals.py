@@ -87,15 +87,32 @@ def test_pipeline_out_of_scope_backgrounds_fail_and_removal_is_undefined():
     # the planner's baseline q^ret({solver}) reads the solver, who reads the planner: biased
     row = table[(table.agent == "planner") & (table.S == "{solver}")].iloc[0]
     assert row.ret_residual_error > 1e-3
-    # removal: defined only where no present agent lost its input
+    # the paper's per-layer removal: deleting the planner or the solver leaves its successor
+    # without an input, so only the critic's layer has a removal entry, and it is exact
     defined = table[~table.rem_entry_error.isna()]
-    assert set(zip(defined.agent, defined.S)) == {("planner", "∅"), ("solver", "{planner}"),
-                                                 ("critic", "{planner,solver}")}
-    # the planner's removal entry is q^rem({planner}) = 0: the whole gradient is lost
-    plan = table[(table.agent == "planner") & (table.S == "∅")].iloc[0]
-    assert plan.rem_entry_error == pytest.approx(plan.grad_max, abs=1e-15)
-    crit = table[(table.agent == "critic") & (table.S == "{planner,solver}")].iloc[0]
+    assert set(zip(defined.agent, defined.S)) == {("critic", "{planner,solver}")}
+    crit = defined.iloc[0]
     assert crit.rem_entry_error < TOL
+    # rows name the entry in the paper's notation
+    assert list(zip(inside.layer, inside.H_l, inside.S_l)) == [(1, "∅", "∅"), (2, "{planner}", "∅"),
+                                                              (3, "{planner,solver}", "∅")]
+
+
+def test_layer_removal_entry_pool_and_pipeline():
+    pool = M.random_routed_pool(np.random.default_rng(6), K=3, tau=0.5, eps=0.1)
+    for i in range(3):
+        for S in [S for S in range(8) if not S >> i & 1]:
+            np.testing.assert_allclose(signals.layer_removal_entry(pool, i, S),
+                                       signals.removal_entry(pool, i, S), atol=1e-15)
+    pl = systems.planner_solver_critic()
+    assert np.isnan(signals.layer_removal_entry(pl, 0, 0)).all()
+    assert np.isnan(signals.layer_removal_entry(pl, 1, 0)).all()
+    # the critic: G with the verdict, minus the answer deployed unrevised (by hand)
+    G = pl.reward_mean().numpy()
+    answer = np.broadcast_to(np.arange(2)[None, None, :, None], G.shape)
+    np.testing.assert_allclose(signals.layer_removal_entry(pl, 2, 0), G - answer, atol=1e-15)
+    with pytest.raises(ValueError, match="layer"):
+        signals.layer_removal_entry(pl, 2, 0b001)        # the planner is not in the critic's layer
 
 
 # --- Lemma 1 -----------------------------------------------------------------------------

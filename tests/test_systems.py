@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpg import fields
+from mcpg import fields, systems
 from mcpg import mechanisms as M
-from mcpg import systems
 
 
 def psc_value_by_hand(plan, solve, revise, fix, keep, ph=(0.5, 0.5)):
@@ -117,3 +116,29 @@ def test_random_team_is_additive_exactly_without_interaction(seed, lam):
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_layer_fields_pipeline_are_the_cross_layer_entries_at_the_history():
+    """Per-layer fields of a chain: one entry per agent, S = ∅, equal to the cross-layer entry
+    Δ_{i|H_l}; removal is defined only for the last agent, and is the fix probability there."""
+    psc = systems.planner_solver_critic()
+    for h, a0, a1, a2 in itertools.product(range(2), repeat=4):
+        lf = systems.layer_fields(psc, h, [a0, a1, a2], systems.PSC_AGENTS)
+        vf = systems.valuation_fields(psc, h, [a0, a1, a2])
+        assert list(lf.S) == ["∅"] * 3 and list(lf.layer) == [1, 2, 3]
+        np.testing.assert_allclose(lf.ret, [vf["field_ret"][0, 0], vf["field_ret"][1, 0b001],
+                                            vf["field_ret"][2, 0b011]], atol=1e-12)
+        assert np.isnan(lf.rem[0]) and np.isnan(lf.rem[1])
+        assert lf.rem[2] == pytest.approx(vf["field_rem"][2, 0b011])
+
+
+def test_layer_fields_of_a_pool_are_the_whole_field():
+    pool = M.random_routed_pool(np.random.default_rng(3), K=3)
+    lf = systems.layer_fields(pool, 1, [2, 0, 1])
+    vf = systems.valuation_fields(pool, 1, [2, 0, 1])
+    assert len(lf) == 3 * 4
+    for row in lf.itertuples():
+        i = int(row.agent) - 1
+        S = 0 if row.S == "∅" else sum(1 << (int(k) - 1) for k in row.S.strip("{}").split(","))
+        assert row.ret == pytest.approx(vf["field_ret"][i, S], abs=1e-12)
+        assert row.rem == pytest.approx(vf["field_rem"][i, S], abs=1e-12)

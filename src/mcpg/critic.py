@@ -218,7 +218,8 @@ def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random
     n, K = len(samples), system.n_agents
     if isinstance(masks, str):
         if masks not in ("all", "random"):
-            raise ValueError(f"masks must be 'all', 'random', a bitmask, a sequence of bitmasks or an (n, K) array, "
+            raise ValueError("masks must be 'all', 'random', a bitmask, a sequence of bitmasks "
+                             f"or an (n, K) array, "
                              f"got {masks!r}")
         if masks == "all":
             masks = np.arange(1 << K)
@@ -237,7 +238,8 @@ def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random
         mk = _masks_for(n, K, masks)
         traj = np.arange(n)
     sub = Samples(h=samples.h[traj], actions=samples.actions[traj], reward=samples.reward[traj])
-    return MaskedData(encode(system, sub, mk), np.asarray(samples.reward, dtype=float)[traj], traj, _mask_to_group(mk))
+    targets = np.asarray(samples.reward, dtype=float)[traj]
+    return MaskedData(encode(system, sub, mk), targets, traj, _mask_to_group(mk))
 
 
 def population_dataset(system: System, mask_probs=None) -> MaskedData:
@@ -297,7 +299,8 @@ class MaskedCritic(torch.nn.Module):
 
     def __init__(self, n_inputs: int, hidden: int = 64, depth: int = 2, n_members: int = 1, seed: int = 0):
         super().__init__()
-        for name, val in (("n_inputs", n_inputs), ("hidden", hidden), ("depth", depth), ("n_members", n_members)):
+        sizes = (("n_inputs", n_inputs), ("hidden", hidden), ("depth", depth), ("n_members", n_members))
+        for name, val in sizes:
             if int(val) != val or val < 1:
                 raise ValueError(f"{name} must be a positive integer, got {val}")
         gen = torch.Generator().manual_seed(int(seed))
@@ -306,8 +309,10 @@ class MaskedCritic(torch.nn.Module):
         self.biases = torch.nn.ParameterList()
         for d_in, d_out in zip(widths[:-1], widths[1:]):
             bound = 1.0 / math.sqrt(d_in)
-            self.weights.append(torch.nn.Parameter((torch.rand(n_members, d_in, d_out, generator=gen) * 2 - 1) * bound))
-            self.biases.append(torch.nn.Parameter((torch.rand(n_members, 1, d_out, generator=gen) * 2 - 1) * bound))
+            w = (torch.rand(n_members, d_in, d_out, generator=gen) * 2 - 1) * bound
+            self.weights.append(torch.nn.Parameter(w))
+            b = (torch.rand(n_members, 1, d_out, generator=gen) * 2 - 1) * bound
+            self.biases.append(torch.nn.Parameter(b))
         self.n_inputs, self.n_members = int(n_inputs), int(n_members)
 
     @classmethod
@@ -388,7 +393,8 @@ def empirical_minimiser(inputs: torch.Tensor, targets, weights=None) -> np.ndarr
     return np.divide(WY, W, out=np.full_like(WY, np.nan), where=W > 0)[inv]
 
 
-def fit_critic(inputs: torch.Tensor, targets, weights=None, *, hidden: int = 64, depth: int = 2, steps: int = 600,
+def fit_critic(inputs: torch.Tensor, targets, weights=None, *, hidden: int = 64, depth: int = 2,
+               steps: int = 600,
                lr: float = 0.01, weight_decay: float = 0.0, seed: int = 0) -> MaskedCritic:
     """Train a masked critic by full-batch Adam on the squared loss of §6 (Lemma 2).
 
@@ -427,10 +433,12 @@ def fit_critic(inputs: torch.Tensor, targets, weights=None, *, hidden: int = 64,
         raise ValueError("weights gives some member no data (a row of zeros)")
     member, row = np.nonzero(w)
     x, W, Y = _merge_rows(inputs.to(DTYPE), y, member, row, w[member, row], len(w))
-    return _fit_merged(x, W, Y, hidden=hidden, depth=depth, steps=steps, lr=lr, weight_decay=weight_decay, seed=seed)
+    return _fit_merged(x, W, Y, hidden=hidden, depth=depth, steps=steps, lr=lr,
+                       weight_decay=weight_decay, seed=seed)
 
 
-def _fit_merged(x: torch.Tensor, W: np.ndarray, Y: np.ndarray, *, hidden: int = 64, depth: int = 2, steps: int = 600,
+def _fit_merged(x: torch.Tensor, W: np.ndarray, Y: np.ndarray, *, hidden: int = 64, depth: int = 2,
+                steps: int = 600,
                 lr: float = 0.01, weight_decay: float = 0.0, seed: int = 0) -> MaskedCritic:
     """Adam on Σ_e Σ_u W_eu (Y_eu − q̂_e(x_u))² with each member's weights normalised to sum 1."""
     if int(steps) != steps or steps < 0:
@@ -492,7 +500,8 @@ def _every_group_and_outcome(system: System) -> tuple[torch.Tensor, np.ndarray]:
     idx = np.indices(system.joint_shape).reshape(K + 1, -1)
     n = idx.shape[1]
     groups = np.repeat(np.arange(1 << K), n)
-    tiled = Samples(h=np.tile(idx[0], 1 << K), actions=np.tile(idx[1:].T, (1 << K, 1)), reward=np.zeros(n << K))
+    tiled = Samples(h=np.tile(idx[0], 1 << K), actions=np.tile(idx[1:].T, (1 << K, 1)),
+                    reward=np.zeros(n << K))
     return encode(system, tiled, group_masks(groups, K)), groups
 
 
@@ -561,7 +570,8 @@ def _check_groups(system: System, groups) -> list[int]:
     return out
 
 
-def baselines(critic: MaskedCritic, system: System, samples: Samples, groups=None, member: int = 0) -> np.ndarray:
+def baselines(critic: MaskedCritic, system: System, samples: Samples, groups=None,
+              member: int = 0) -> np.ndarray:
     """Agent i's baseline q̂(H, m(S_i), A^(S_i)) at every draw, shape (n, K).
 
     The actor signal of agent i is then the factual residual G − q̂(S_i) (Proposition 5).
@@ -645,7 +655,8 @@ def flat_scores(system: System, samples: Samples) -> tuple[np.ndarray, np.ndarra
 
 
 def repeated_gradient_estimates(system: System, n_samples: int, n_reps: int, rng: np.random.Generator,
-                                n_folds: int = 2, groups=None, masks=None, **fit_kwargs) -> dict[str, np.ndarray]:
+                                n_folds: int = 2, groups=None, masks=None,
+                                **fit_kwargs) -> dict[str, np.ndarray]:
     """Repeat a small-batch policy-gradient estimate with four baselines (§6, Proposition 5).
 
     Each repetition draws ``n_samples`` trajectories and estimates every agent's gradient
@@ -681,7 +692,8 @@ def repeated_gradient_estimates(system: System, n_samples: int, n_reps: int, rng
     d_fresh = masked_dataset(system, fresh, design, rng)
     rows_main, rows_fresh = len(d_main.targets), len(d_fresh.targets)
     # members: [0, R) in-sample; R + r * n_folds + k cross-fitted (r, k); R + R * n_folds + r independent.
-    # Each (member, row) pair is listed once (sparse), since a dense (members x rows) weight matrix would be large.
+    # Each (member, row) pair is listed once (sparse), since a dense (members x rows) weight matrix
+    # would be large.
     r_main, f_main = rep[d_main.trajectory], fold[d_main.trajectory]
     rows = np.arange(rows_main)
     member = [r_main, R + r_main[:, None] * n_folds + np.arange(n_folds)[None, :],

@@ -11,6 +11,7 @@ Everything is vectorised: the only Python loops run over the ``n`` agents, never
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 
@@ -20,10 +21,13 @@ from ._checks import as_float_array, set_function
 
 __all__ = [
     "additive_game",
+    "best_scalar_contributions",
     "contribution_field",
+    "interaction_spread",
     "is_additive",
     "mask_to_set",
     "ordered_sum",
+    "ordered_totality_system",
     "random_game",
     "scalar_contributions",
     "set_function_from_callable",
@@ -159,7 +163,7 @@ def scalar_contributions(v, atol: float = 1e-9) -> np.ndarray | None:
 
 
 def ordered_sum(field, order: Sequence[int]) -> float:
-    """Σ_t Δ_{i_t | {i_1, ..., i_{t−1}}} along ``order`` = (i_1, ..., i_m): ordered totality (Eq. 6).
+    """Σ_t Δ_{i_t | {i_1, ..., i_{t−1}}} along ``order`` = (i_1, ..., i_m): ordered totality (Prop. 3).
 
     For the contribution field this telescopes to v(S) − v(∅), S = {i_1, ..., i_m}
     (Proposition 3, Appendix B.4). ``field``: array (n, 2**n); ``order``: distinct agents.
@@ -173,3 +177,61 @@ def ordered_sum(field, order: Sequence[int]) -> float:
         total += field[i, mask]
         mask |= 1 << i
     return float(total)
+
+
+def best_scalar_contributions(v) -> tuple[np.ndarray, float]:
+    """Least-squares scalars for the totality equations Σ_{i∈S} Δ_i = v(S), all S (Proposition 2 (i)).
+
+    Solves the 2**n equations in the n unknowns without assuming Proposition 2, and returns
+    the best scalars and the largest remaining violation max_S |Σ_{i∈S} Δ_i − v(S)|. Scalars
+    satisfying totality exist exactly when that violation is zero (to rounding). Compare
+    :func:`scalar_contributions`, which uses the proposition (additivity) instead.
+    ``v``: float array of length 2**n. Returns (shape (n,), float).
+    """
+    v, n = set_function(v, "v")
+    members = ((np.arange(v.size)[:, None] >> np.arange(n)) & 1).astype(float)
+    if n == 0:
+        return np.zeros(0), float(abs(v[0]))
+    delta = np.linalg.lstsq(members, v, rcond=None)[0]
+    return delta, float(np.abs(members @ delta - v).max())
+
+
+def interaction_spread(v) -> np.ndarray:
+    """Range over backgrounds of each agent's field, max_S Δ_{i|S} − min_S Δ_{i|S} (Prop. 2 (ii)).
+
+    Zero for agent i exactly when adding i changes the value by the same amount against every
+    background: the no-interaction condition (ii) of Proposition 2, checked on the field
+    directly. ``v``: float array of length 2**n. Returns shape (n,).
+    """
+    field = contribution_field(v)
+    if field.shape[0] == 0:
+        return np.zeros(0)
+    return np.nanmax(field, axis=1) - np.nanmin(field, axis=1)
+
+
+def ordered_totality_system(n: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The linear system of ordered totality (Proposition 3) over every ordering of every group.
+
+    Unknowns: the n·2**(n−1) entries Δ_{i|S}, i ∉ S, listed in ``entries`` as (i, S). One
+    equation per group S ⊆ N and ordering (i_1, ..., i_m) of it, for m ≥ 1:
+    Σ_t Δ_{i_t | {i_1, ..., i_{t−1}}} = v(S). Returns (A, groups, entries): the 0/1 matrix A
+    (one row per equation), the group S of each row (so the right-hand side is v[groups]),
+    and the unknowns. A has full column rank, so the solution is unique (the "only if" of
+    Proposition 3), and it is :func:`contribution_field` when v(∅) = 0.
+    """
+    if isinstance(n, bool) or int(n) != n or not 0 <= n <= 6:
+        raise ValueError(f"n must be an integer in [0, 6] (the system grows like n!), got {n}")
+    n = int(n)
+    entries = [(i, S) for i in range(n) for S in range(1 << n) if not S >> i & 1]
+    column = {e: k for k, e in enumerate(entries)}
+    rows, groups = [], []
+    for S in range(1, 1 << n):
+        for order in itertools.permutations(sorted(mask_to_set(S))):
+            row, before = np.zeros(len(entries)), 0
+            for i in order:
+                row[column[(i, before)]] = 1.0
+                before |= 1 << i
+            rows.append(row)
+            groups.append(S)
+    A = np.array(rows).reshape(len(rows), len(entries))
+    return A, np.array(groups, dtype=np.int64), entries

@@ -55,6 +55,7 @@ __all__ = [
     "valuation_at",
     "expected_conditional_variance",
     "score_function_estimate",
+    "finite_difference_gradients",
     "proposition1_systems",
     "random_routed_pool",
 ]
@@ -280,7 +281,8 @@ class RoutedPool(ParallelPool):
         if s.shape == (n_H, M):
             s = np.broadcast_to(s, (K, n_H, M))
         if s.shape not in {(K, n_H, M), (K, n_H, 1)}:
-            raise ValueError(f"router_scores must have shape ({K}, {n_H}, {M}) or ({K}, {n_H}, 1), got {s.shape}")
+            raise ValueError(f"router_scores must have shape ({K}, {n_H}, {M}) or ({K}, {n_H}, 1), "
+                             f"got {s.shape}")
         self.candidate_reward = np.array(g)
         self.router_scores = np.broadcast_to(s, (K, n_H, M)).copy()
         self.candidate_blind = s.shape[-1] == 1 or bool(np.all(s == s[..., :1]))
@@ -405,7 +407,8 @@ class Pipeline(System):
         for k, pr in enumerate(prefix_rewards or []):
             t = as_float_array(pr, f"prefix_rewards[{k}]")
             if t.shape != (n_H,) + (M,) * (k + 1):
-                raise ValueError(f"prefix_rewards[{k}] must have shape {(n_H,) + (M,) * (k + 1)}, got {t.shape}")
+                raise ValueError(f"prefix_rewards[{k}] must have shape {(n_H,) + (M,) * (k + 1)}, "
+                                 f"got {t.shape}")
             self.prefix_rewards.append(torch.tensor(t, dtype=DTYPE))
 
     def log_policies(self) -> list[torch.Tensor]:
@@ -469,7 +472,8 @@ def _as_joint(system: System, X) -> torch.Tensor:
     try:
         return t.expand(system.joint_shape)
     except RuntimeError:
-        raise ValueError(f"X must broadcast to the joint shape {system.joint_shape}, got {tuple(t.shape)}") from None
+        raise ValueError(f"X must broadcast to the joint shape {system.joint_shape}, "
+                         f"got {tuple(t.shape)}") from None
 
 
 def system_value(system: System) -> torch.Tensor:
@@ -507,12 +511,43 @@ def private_utilities(system: RoutedPool) -> torch.Tensor:
 def private_utility_gradients(system: RoutedPool) -> list[np.ndarray]:
     """nabla_theta_i U_i for each agent i, by autograd on the exact U_i (Theorem 1)."""
     U = private_utilities(system)
-    return [torch.autograd.grad(U[i], system.params[i], retain_graph=True)[0].numpy() for i in range(system.n_agents)]
+    return [torch.autograd.grad(U[i], system.params[i], retain_graph=True)[0].numpy()
+            for i in range(system.n_agents)]
 
 
 def winner_take_all_bias(system: RoutedPool) -> list[np.ndarray]:
     """b_i = E[Psi_i D_i], D_i = 1{I != i} G, the displaced competitor return (Theorem 1)."""
     return [score_expectation(system, system.displaced_return(i))[i] for i in range(system.n_agents)]
+
+
+def finite_difference_gradients(system: System, value, step: float = 1e-5) -> list[np.ndarray]:
+    """Central finite differences of an exact value in every theta_i, without autograd or scores.
+
+    ``value(system)`` returns a scalar (e.g. :func:`system_value`, giving nabla_theta_i J_sys) or
+    a vector with one entry per agent (e.g. :func:`private_utilities`, whose entry i is
+    differentiated in theta_i only, giving nabla_theta_i U_i). Each logit is moved by +-``step``
+    in place and restored. A check on Theorem 1 that does not share its computational path
+    with :func:`score_expectation` (score-weighted sums) or :func:`system_gradient` (autograd):
+    it would disagree with them if the policies, the scores or the reward tables were
+    inconsistent. The error is of order step**2.
+    """
+    if not np.isfinite(step) or step <= 0:
+        raise ValueError(f"step must be a positive number, got {step}")
+    out = []
+    with torch.no_grad():
+        for i, theta in enumerate(system.params):
+            grad = np.empty(tuple(theta.shape))
+            for idx in np.ndindex(*theta.shape):
+                old = theta[idx].item()
+                vals = []
+                for sign in (1.0, -1.0):
+                    theta[idx] = old + sign * step
+                    v = torch.as_tensor(value(system)).reshape(-1)
+                    vals.append(float(v[i] if v.numel() > 1 else v[0]))
+                theta[idx] = old
+                grad[idx] = (vals[0] - vals[1]) / (2 * step)
+            out.append(grad)
+    return out
 
 
 def retention_value(system: System, S: int) -> torch.Tensor:

@@ -50,6 +50,7 @@ __all__ = [
     "signal_bias",
     "retention_entry",
     "removal_entry",
+    "layer_removal_entry",
     "corollary1_table",
     "variance_by_conditioning_set",
     "exact_estimator_variance",
@@ -127,7 +128,8 @@ def _joint(system: System, X, name: str) -> np.ndarray:
     try:
         return np.broadcast_to(arr, system.joint_shape).copy()
     except ValueError:
-        raise ValueError(f"{name} must broadcast to the joint shape {system.joint_shape}, got {arr.shape}") from None
+        raise ValueError(f"{name} must broadcast to the joint shape {system.joint_shape}, "
+                         f"got {arr.shape}") from None
 
 
 def _joint_prob(system: System) -> np.ndarray:
@@ -249,6 +251,34 @@ def removal_entry(system: System, i: int, S: int) -> np.ndarray:
     return (system.removal_value(S | (1 << i)) - system.removal_value(S)).numpy()
 
 
+def layer_removal_entry(system: System, i: int, S: int) -> np.ndarray:
+    """The paper's per-layer removal entry Δ^rem_{i|S}, S ⊆ N_l \\ {i} (§4), over the joint.
+
+    q^rem_l(T) = E[G^rem_{l,T} | H_l, A_l^(T)]: the agents of layer l outside T are deleted,
+    the earlier layers are fixed through H_l, and the later layers still act (drawn from their
+    policies in the reduced system). Returns q^rem_l(S ∪ {i}) - q^rem_l(S), NaN everywhere
+    when either reduced system is undefined (in a pipeline, deleting an agent whose successor
+    needs its output). For a pool (one layer) this is :func:`removal_entry`. ``S`` holds
+    agents of i's layer only (not the history, unlike :func:`retention_entry`).
+    """
+    i, S = _check_agent(system, i), _check_group(system, S)
+    if not _defines_removal(system):
+        raise ValueError(f"system ({type(system).__name__}) defines no removal rule")
+    layer = _layer_mask(system, i)
+    if S & ~(layer & ~(1 << i)):
+        raise ValueError(f"S must hold agents of agent i={i}'s layer other than i")
+    hist = history_mask(system, i)
+    later = ((1 << system.n_agents) - 1) & ~hist & ~layer
+
+    def q_rem(T: int) -> np.ndarray:
+        reduced = system.removal_value(hist | T | later).detach().numpy()
+        if np.isnan(reduced).any():
+            return np.full(system.joint_shape, np.nan)
+        return conditional_expectation(system, reduced, hist | T)
+
+    return q_rem(S | (1 << i)) - q_rem(S)
+
+
 def _defines_removal(system: System) -> bool:
     try:
         system.removal_value(0)
@@ -270,15 +300,20 @@ def corollary1_table(system: System, agent_names: Sequence[str] | None = None,
     For each i and each conditioning set S of :func:`layer_backgrounds` (the history H_l
     and any S' ⊆ N_l \\ {i}), the maximum over θ_i's coordinates of
 
-    - ``ret_entry_error``: |E[Ψ_i Δ^ret_{i|S}] - ∇_θi J_sys|,
-    - ``ret_residual_error``: |E[Ψ_i (G - q^ret(S))] - ∇_θi J_sys|,
-    - ``rem_entry_error``: |E[Ψ_i Δ^rem_{i|S}] - ∇_θi J_sys| (NaN where removal is undefined,
-      and everywhere for a system that defines no removal rule, such as a bare reward table),
+    - ``ret_entry_error``: |E[Ψ_i Δ^ret_{i|S'}] - ∇_θi J_sys|,
+    - ``ret_residual_error``: |E[Ψ_i (G - q^ret_l(S'))] - ∇_θi J_sys|,
+    - ``rem_entry_error``: |E[Ψ_i Δ^rem_{i|S'}] - ∇_θi J_sys| for the paper's per-layer removal
+      entry (:func:`layer_removal_entry`); NaN where removal is undefined, outside Corollary 1's
+      scope (the paper defines no removal entry there), and everywhere for a system that
+      defines no removal rule, such as a bare reward table,
 
-    next to ``grad_max`` = max |∇_θi J_sys| for scale. Corollary 1 says the first two are
-    zero; the third need not be. With ``include_out_of_scope`` every S ∌ i over all agents
-    appears, and ``in_scope`` marks Corollary 1's: in a pipeline, backgrounds that miss part
-    of H_l or contain a later agent are outside it, and can fail.
+    next to ``grad_max`` = max |∇_θi J_sys| for scale. The row names the entry in the paper's
+    notation: ``layer`` (l, from 1), ``H_l`` (the agents whose outputs H_l holds), ``S_l``
+    (the layer background S'), and ``S`` (the whole conditioning set, H_l's agents and S').
+    Corollary 1 says the first two are zero; the third need not be. With
+    ``include_out_of_scope`` every S ∌ i over all agents appears, and ``in_scope`` marks
+    Corollary 1's: in a pipeline, backgrounds that miss part of H_l or contain a later agent
+    are outside it, and can fail.
     """
     K = system.n_agents
     names = list(agent_names) if agent_names is not None else [str(k + 1) for k in range(K)]
@@ -288,20 +323,30 @@ def corollary1_table(system: System, agent_names: Sequence[str] | None = None,
     G = system.reward_mean().detach().numpy()
     has_removal = _defines_removal(system)
     rows = []
+    layer_of = {k: ell for ell, layer in enumerate(system.layers, start=1) for k in layer}
     for i in range(K):
         scope = set(layer_backgrounds(system, i))
-        backgrounds = [S for S in range(1 << K) if not (S >> i) & 1] if include_out_of_scope else sorted(scope)
+        hist = history_mask(system, i)
+        if include_out_of_scope:
+            backgrounds = [S for S in range(1 << K) if not (S >> i) & 1]
+        else:
+            backgrounds = sorted(scope)
         for S in backgrounds:
             q_S = mechanisms.retention_value(system, S).numpy()
+            in_scope = S in scope
             rows.append({
                 "agent": names[i],
+                "layer": layer_of[i],
+                "H_l": group_name(hist, names),
+                "S_l": group_name(S & ~hist, names) if in_scope else "",
                 "S": group_name(S, names),
-                "in_scope": S in scope,
+                "in_scope": in_scope,
                 "grad_max": float(np.abs(grads[i]).max()),
                 "ret_entry_error": _max_error(system, i, retention_entry(system, i, S), grads[i]),
                 "ret_residual_error": _max_error(system, i, G - q_S, grads[i]),
-                "rem_entry_error": (_max_error(system, i, removal_entry(system, i, S), grads[i])
-                                    if has_removal else float("nan")),
+                "rem_entry_error": (_max_error(system, i, layer_removal_entry(system, i, S & ~hist),
+                                               grads[i])
+                                    if has_removal and in_scope else float("nan")),
             })
     table = pd.DataFrame(rows)
     return table if include_out_of_scope else table.drop(columns="in_scope")

@@ -9,7 +9,11 @@
 - :func:`random_team`: a parallel team whose reward is mostly the average of what each
   agent adds, plus a tunable interaction: the teammates' variation is then noise in each
   agent's reward, which baselines conditioned on them remove (Proposition 4).
-- :func:`valuation_fields`: the retention and removal valuations v(S) = q(S) - q(∅) of a
+- :func:`layer_fields`: the paper's per-layer fields (§4): for agent i in layer l, the
+  entries Δ^rho_{i|S}, S ⊆ N_l \\ {i}, of q^rho_l(S) = E[G | H_l, A_l^(S)] (retention) and of
+  the reduced system with the layer's agents outside S deleted (removal), at one outcome.
+- :func:`valuation_fields`: the book's extension to every group of agents across layers:
+  the retention and removal valuations v(S) = q(S) - q(∅) of a
   system at one outcome (Eq. 7) and their contribution fields, with the removal field
   left undefined (NaN) wherever one of its endpoints is.
 
@@ -21,8 +25,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
-from . import fields, mechanisms
+from . import fields, mechanisms, signals
 from ._checks import as_float_array
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "random_parallel_pool",
     "random_team",
     "valuation_fields",
+    "layer_fields",
 ]
 
 #: Agent names of :func:`planner_solver_critic`, in layer order (agent 0 acts first).
@@ -148,7 +154,8 @@ def random_parallel_pool(rng: np.random.Generator, K: int = 3, n_prompts: int = 
 
 
 def random_team(rng: np.random.Generator, K: int = 4, n_prompts: int = 2, n_actions: int = 3,
-                interaction: float = 0.2, logit_scale: float = 1.0, noise: str = "fixed") -> mechanisms.ParallelPool:
+                interaction: float = 0.2, logit_scale: float = 1.0,
+                noise: str = "fixed") -> mechanisms.ParallelPool:
     """A parallel team: E[G | H, A] = (1 - λ) mean_j w_j(H, A^(j)) + λ u(H, A), λ = ``interaction``.
 
     w_j(H, a) and u(H, A) are uniform on [0, 1], so E[G | H, A] lies in [0, 1]. With λ = 0 the
@@ -197,4 +204,60 @@ def valuation_fields(system: mechanisms.System, h: int, actions: Sequence[int]) 
     for i in range(K):  # an entry with an undefined endpoint is undefined
         S = np.arange(1 << K)
         field_rem[i, undefined[S] | undefined[S | (1 << i)]] = np.nan
-    return {"v_ret": v_ret, "v_rem": v_rem, "field_ret": fields.contribution_field(v_ret), "field_rem": field_rem}
+    return {"v_ret": v_ret, "v_rem": v_rem, "field_ret": fields.contribution_field(v_ret),
+            "field_rem": field_rem}
+
+
+def layer_fields(system: mechanisms.System, h: int, actions: Sequence[int],
+                 agent_names: Sequence[str] | None = None) -> pd.DataFrame:
+    """The paper's per-layer contribution fields at one outcome (§4, Eq. 7-8).
+
+    For agent i in layer l with history H_l (the prompt and the outputs of the earlier
+    layers), and every S ⊆ N_l \\ {i}:
+
+    - retention: q^ret_l(S) = E[G | H_l, A_l^(S)] (the layer's agents outside S and all later
+      layers drawn from their policies), Δ^ret_{i|S} = q^ret_l(S ∪ {i}) − q^ret_l(S);
+    - removal: q^rem_l(S) = E[G^rem | H_l, A_l^(S)] for the reduced system in which the
+      agents of layer l outside S are deleted (earlier layers fixed through H_l, later layers
+      still acting); NaN where that system is undefined (a later agent left without input).
+
+    For a pool (one layer) this is the field over all groups S ∌ i; for a chain of singleton
+    layers there is one entry per agent, S = ∅. Returns one row per (i, S) with columns
+    ``agent``, ``layer`` (1-based), ``H_l`` (the earlier agents), ``S``, ``ret``, ``rem``.
+    """
+    K = system.n_agents
+    if int(h) != h or not 0 <= h < system.n_prompts:
+        raise ValueError(f"h must be a prompt index in [0, {system.n_prompts}), got {h}")
+    a = np.asarray(actions)
+    if a.shape != (K,) or (a != np.round(a)).any() or ((a < 0) | (a >= system.n_actions)).any():
+        raise ValueError(f"actions must hold {K} action indices in [0, {system.n_actions})")
+    names = list(agent_names) if agent_names is not None else [str(k + 1) for k in range(K)]
+    if len(names) != K:
+        raise ValueError(f"agent_names must hold {K} names, got {len(names)}")
+    at = (int(h), *[int(x) for x in a])
+    full = (1 << K) - 1
+    rows = []
+    for ell, layer in enumerate(system.layers, start=1):
+        hist = signals.history_mask(system, layer[0])
+        layer_mask = sum(1 << k for k in layer)
+        later = full & ~hist & ~layer_mask
+
+        def q_ret(S, hist=hist):
+            return mechanisms.retention_value(system, hist | S).numpy()[at]
+
+        def q_rem(S, hist=hist, later=later):
+            reduced = system.removal_value(hist | S | later).numpy()
+            if np.isnan(reduced).any():  # the reduced system is undefined
+                return float("nan")
+            return signals.conditional_expectation(system, reduced, hist | S)[at]
+
+        for i in layer:
+            others = layer_mask & ~(1 << i)
+            for S in range(1 << K):
+                if S & ~others:
+                    continue
+                rows.append({"agent": names[i], "layer": ell, "H_l": signals.group_name(hist, names),
+                             "S": signals.group_name(S, names),
+                             "ret": float(q_ret(S | 1 << i) - q_ret(S)),
+                             "rem": float(q_rem(S | 1 << i) - q_rem(S))})
+    return pd.DataFrame(rows)
