@@ -279,14 +279,38 @@ class AgentPool:
         """
         dev = self.device
         prompt_ids, completion_ids = batch.prompt_ids.to(dev), batch.completion_ids.to(dev)
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention = torch.cat([batch.prompt_mask.to(dev), batch.completion_mask.to(dev)], dim=1)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # the positions generate() used
         T = completion_ids.shape[1]
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                         adapter_names=list(batch.adapters), logits_to_keep=T + 1, use_cache=False)
-        logits = out.logits[:, :-1, :].float() / batch.temperatures.to(dev).reshape(-1, 1, 1)
-        return selective_logprobs(logits, completion_ids)
+        temps = batch.temperatures.to(dev).reshape(-1, 1, 1)
+        keys = [(tuple(batch.prompt_ids[r].tolist()), a) for r, a in enumerate(batch.adapters)]
+        uniq = list(dict.fromkeys(keys))
+        if not (self.share_prefill and len(uniq) < len(keys)):
+            input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                             adapter_names=list(batch.adapters), logits_to_keep=T + 1, use_cache=False)
+            return selective_logprobs(out.logits[:, :-1, :].float() / temps, completion_ids)
+        # Shared prompt: the m completions of one (prompt, agent) pair share their prompt, so it is
+        # run once, with gradients, and its KV cache is indexed out to the m rows (autograd sums
+        # the rows' gradients through the indexing). The same log-probs and gradients as one
+        # forward pass over every row's prompt + completion, at 1/m of the prompt's cost.
+        index = {k: i for i, k in enumerate(uniq)}
+        row_map = torch.tensor([index[k] for k in keys], device=dev)
+        rep = torch.tensor([keys.index(k) for k in uniq], device=dev)
+        P = prompt_ids.shape[1]
+        out = self.model(input_ids=prompt_ids[rep], attention_mask=attention[rep, :P],
+                         position_ids=position_ids[rep, :P], adapter_names=[a for _, a in uniq],
+                         use_cache=True, logits_to_keep=1)
+        logits = [out.logits[:, -1:, :][row_map]]  # predicts each row's first completion token
+        if T > 1:
+            name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
+            cache = out[name]
+            cache.batch_select_indices(row_map)
+            rest = self.model(input_ids=completion_ids[:, :-1], attention_mask=attention[:, :-1],
+                              position_ids=position_ids[:, P:-1], adapter_names=list(batch.adapters),
+                              use_cache=True, **{name: cache})
+            logits.append(rest.logits)
+        return selective_logprobs(torch.cat(logits, dim=1).float() / temps, completion_ids)
 
     # -- persistence ---------------------------------------------------------------------
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
