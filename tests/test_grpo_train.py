@@ -233,6 +233,7 @@ def test_health_metrics_and_initial_evaluation(tmp_path):
         assert r["clip_fraction"] == 0.0  # one optimizer step per rollout: ratio 1, nothing clipped
     init = json.loads((tmp_path / "run" / "initial_eval.json").read_text())
     assert ev["initial_accuracy"] == init["accuracy"] and ev["initial_correct"] == init["correct"]
+    assert ev["base_correct"] == init["base_correct"]  # the frozen model is evaluated once per run
     n = ev["n"]
     assert len(ev["correct"]) == len(ev["base_correct"]) == len(ev["initial_correct"]) == n
     assert np.mean(ev["correct"]) == ev["accuracy"] and np.mean(ev["base_correct"]) == ev["base_accuracy"]

@@ -430,9 +430,9 @@ class Engine:
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, progress: bool = False) -> dict:
+    def evaluate(self, progress: bool = False, base: dict | None = None) -> dict:
         """Held-out evaluation of the current agents and router (see :func:`evaluate_pool`)."""
-        return evaluate_pool(self, progress=progress)
+        return evaluate_pool(self, progress=progress, base=base)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, folder: Path) -> None:
@@ -477,7 +477,7 @@ class Engine:
         self.step = int(state["step"])
 
 
-def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
+def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = None) -> dict:
     """Each agent answers each held-out problem greedily; the router deploys the top score.
 
     Returns the six diagnostics of the paper's Table 1 (``accuracy``, ``entropy``, ``brier``,
@@ -485,13 +485,16 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
     with a neutral prompt: the single-agent reference), ``agent_accuracy``,
     ``deployed_fraction``, ``n`` and ``n_specialty`` (problems some agent's specialty matches).
     ``specialization`` is None when no held-out problem matches a specialty.
+    ``base``: an earlier evaluation of the same problems; its ``base_accuracy`` and
+    ``base_correct`` are reused (the frozen model does not change), so no base rows are generated.
     """
     from tqdm.auto import tqdm
 
     cfg, K, dist = engine.cfg, engine.K, engine.dist
     problems = engine.eval_set[dist.rank::dist.world]
     questions = [p["question"] for p in problems]
-    prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=True)
+    with_base = base is None  # the frozen model never changes: an earlier evaluation's base is reused
+    prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=with_base)
     bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
     steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
     with tqdm(total=steps, desc=f"evaluate ({len(prompts)} greedy answers)", unit="tok", leave=False,
@@ -501,7 +504,7 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     per_problem = []
     for b, prob in enumerate(problems):
-        rows = range(b * (K + 1), (b + 1) * (K + 1))
+        rows = range(b * (K + with_base), (b + 1) * (K + with_base))
         texts = [roll.texts[r] for r in rows]
         trunc = [bool(roll.truncated[r]) for r in rows]
         R = [reward(t, prob["gold"]) for t in texts]
@@ -509,7 +512,7 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
         rt = engine.router.route(f)
         d = int(np.argmax(rt["scores"]))
         per_problem.append({
-            "R": R[:K], "base": R[K], "deployed": d, "entropy": float(routing.routing_entropy(rt["p"])),
+            "R": R[:K], "base": R[K] if with_base else None, "deployed": d, "entropy": float(routing.routing_entropy(rt["p"])),
             "brier": float((rt["mu_hat"][d] - R[d]) ** 2), "matched": spec_idx.get(question_specialty(prob["question"])),
         })
     allp = dist.gather(per_problem)
@@ -525,13 +528,13 @@ def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
         "specialization": _mean(spec),
         "oracle": oracle,
         "regret": oracle - acc,
-        "base_accuracy": _mean([x["base"] for x in allp]),
+        "base_accuracy": _mean([x["base"] for x in allp]) if with_base else base["base_accuracy"],
         "agent_accuracy": Rm.mean(0).tolist(),
         "deployed_fraction": [float((dep == k).mean()) for k in range(K)],
         "n": len(allp),
         "n_specialty": len(spec),
         "correct": [int(r) for r in Rm[np.arange(len(allp)), dep]],
-        "base_correct": [int(x["base"]) for x in allp],
+        "base_correct": [int(x["base"]) for x in allp] if with_base else base["base_correct"],
         "agent_correct": Rm.astype(int).tolist(),
     }
 
@@ -624,7 +627,7 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
                 return None
             row = engine.update(progress=show)
             if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
-                row["eval"] = engine.evaluate(progress=show)
+                row["eval"] = engine.evaluate(progress=show, base=initial)
             if dist.main:
                 with open(out / "metrics.jsonl", "a") as fh:
                     fh.write(json.dumps(row, default=json_default) + "\n")
@@ -635,7 +638,8 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
 
-    result = {**engine.evaluate(progress=show), **_initial_keys(initial), "signal": signal, "updates": engine.step}
+    result = {**engine.evaluate(progress=show, base=initial), **_initial_keys(initial), "signal": signal,
+              "updates": engine.step}
     if dist.main:
         engine.pool.save_adapters(out / "adapters")
         engine.router.save(out / "router.safetensors")
