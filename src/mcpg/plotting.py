@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .stats import mean_ci  # re-exported: the book's intervals live in mcpg.stats (Student t)
+
 __all__ = ["set_theme", "METHOD_COLORS", "mean_ci", "field_heatmap"]
 
 #: One colour per training signal, used by every chapter that compares them.
@@ -24,18 +26,6 @@ def set_theme() -> None:
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
     mpl.rcParams.update({"figure.figsize": (6.4, 3.8), "figure.dpi": 110, "axes.titlesize": "medium",
                          "savefig.bbox": "tight"})
-
-
-def mean_ci(x, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and half-width of a normal-approximation confidence interval along ``axis``."""
-    from scipy.stats import norm
-
-    x = np.asarray(x, dtype=float)
-    n = x.shape[axis]
-    if n < 2:
-        raise ValueError("x needs at least two samples along axis for an interval")
-    z = norm.ppf(0.5 + level / 2)
-    return x.mean(axis=axis), z * x.std(axis=axis, ddof=1) / np.sqrt(n)
 
 
 def field_heatmap(field: np.ndarray, ax=None, agent_names=None, cmap: str = "vlag", annot: bool = True):
