@@ -421,3 +421,37 @@ def test_bad_arguments():
         sim.summary_table(frame, ["nonsense"])
     with pytest.raises(ValueError, match="removal"):
         sim.paired_difference(runs, "removal", "wta")
+
+
+def test_evaluate_run_reproduces_the_evaluation_and_noise_changes_it():
+    run = sim.train_pool(SHORT, "removal", [0, 4])
+    ev = sim.evaluate_run(run)
+    for k in sim.EVAL_KEYS:
+        np.testing.assert_allclose(ev[k], run.metrics[k][:, -1], equal_nan=True)
+    noisy = sim.evaluate_run(run, answer_noise=1.0)
+    assert not np.allclose(noisy["accuracy"], ev["accuracy"])
+    with pytest.raises(ValueError, match="answer_noise"):
+        sim.evaluate_run(run, answer_noise=1.5)
+
+
+def test_load_grid_and_paired_differences(tmp_path):
+    import json
+
+    runs = {m: sim.train_pool(SHORT, m, [0, 1, 2]) for m in ("frozen", "wta", "removal")}
+    cell = {"router_lr": 0.1, "router_steps": 5, "router_eps": 0.1, "learning_rate": 0.1}
+    results = []
+    for m, r in runs.items():
+        c = {**cell, "learning_rate": None} if m == "frozen" else cell
+        results.append({"cell": c, "scale_rewards": "n/a" if m == "frozen" else "group", "method": m,
+                        "seeds": r.seeds, "final": {k: r.metrics[k][:, -1].tolist() for k in sim.EVAL_KEYS}})
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({"command": "x", "seeds": [0, 1, 2], "results": results}))
+    meta, frame = sim.load_grid(path)
+    assert meta["command"] == "x" and len(frame) == 9
+    assert np.isnan(frame[frame.method == "frozen"]["learning_rate"]).all()
+    d = sim.grid_differences(frame, "removal", "wta")
+    assert len(d) == 1
+    iv = sim.paired_difference(runs, "removal", "wta")
+    assert d["mean"].iloc[0] == pytest.approx(iv.mean) and d["half_width"].iloc[0] == pytest.approx(iv.half_width)
+    with pytest.raises(ValueError, match="not in the grid"):
+        sim.grid_differences(frame, "oracle", "wta")

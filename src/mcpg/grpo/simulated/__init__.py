@@ -80,8 +80,16 @@ from .exact import (
     theorem1_trajectory,
     unilateral_deviations,
 )
-from .experiment import compare_methods, paired_difference, plot_curves, summary_table
-from .loop import SimRun, evaluation_metrics, policy_coverage, policy_overlap, train_pool
+from .experiment import (
+    GRID_AXES,
+    compare_methods,
+    grid_differences,
+    load_grid,
+    paired_difference,
+    plot_curves,
+    summary_table,
+)
+from .loop import SimRun, evaluate_run, evaluation_metrics, policy_coverage, policy_overlap, train_pool
 from .pool import (
     DIAGNOSTIC_KEYS,
     EVAL_KEYS,
@@ -110,7 +118,11 @@ __all__ = [
     "policy_overlap",
     "policy_coverage",
     "train_pool",
+    "evaluate_run",
     "compare_methods",
+    "GRID_AXES",
+    "load_grid",
+    "grid_differences",
     "summary_table",
     "paired_difference",
     "plot_curves",

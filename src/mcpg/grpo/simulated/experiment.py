@@ -14,7 +14,8 @@ from ... import stats
 from .loop import train_pool
 from .pool import EVAL_KEYS, METHODS, SimConfig, _check_method, _check_seeds
 
-__all__ = ["compare_methods", "summary_table", "paired_difference", "plot_curves"]
+__all__ = ["GRID_AXES", "compare_methods", "summary_table", "paired_difference", "plot_curves", "load_grid",
+           "grid_differences"]
 
 
 def compare_methods(cfg: SimConfig, methods: Sequence[str] = METHODS, seeds: Sequence[int] = range(10)):
@@ -105,3 +106,54 @@ def plot_curves(frame, keys: Sequence[str], axes=None, level: float = 0.95, labe
         ax.set_xlabel("update")
         ax.set_ylabel(labels.get(key, key))
     return axes
+
+
+GRID_AXES: tuple[str, ...] = ("router_lr", "router_steps", "router_eps", "learning_rate")
+"""The settings varied by chapter 7's robustness grid (``scripts/ch07_grid.py``)."""
+
+
+def load_grid(path):
+    """Read a robustness grid written by ``scripts/ch07_grid.py``.
+
+    Returns ``(meta, frame)``: ``meta`` holds the command, commit, date, machine, seeds and
+    axes; ``frame`` is long, one row per (cell, scaling, method, seed), with the columns of
+    :data:`GRID_AXES`, ``scale_rewards``, ``method``, ``seed`` and every stored final metric.
+    The frozen pool does not depend on the actor's learning rate or the scaling: its rows have
+    ``learning_rate`` NaN and ``scale_rewards`` ``"n/a"``.
+    """
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    rows = []
+    for r in data["results"]:
+        cell = {k: (np.nan if r["cell"].get(k) is None else r["cell"][k]) for k in GRID_AXES}
+        for si, seed in enumerate(r["seeds"]):
+            rows.append({**cell, "scale_rewards": r["scale_rewards"], "method": r["method"], "seed": seed,
+                         **{k: v[si] for k, v in r["final"].items()}})
+    meta = {k: v for k, v in data.items() if k != "results"}
+    return meta, pd.DataFrame(rows)
+
+
+def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float = 0.95):
+    """Paired (by seed) differences ``key(a) - key(b)`` in every (cell, scaling) of a grid frame.
+
+    Returns one row per cell and scaling with :data:`GRID_AXES`, ``scale_rewards``, ``mean``,
+    ``half_width`` (Student-t, :func:`mcpg.stats.paired_difference`), ``n``, ``low``, ``high``.
+    """
+    import pandas as pd
+
+    for m in (a, b):
+        if m not in set(frame["method"]):
+            raise ValueError(f"method {m!r} not in the grid")
+    rows = []
+    for keys, g in frame[frame["method"].isin([a, b])].groupby(list(GRID_AXES) + ["scale_rewards"], sort=False):
+        wide = g.pivot(index="seed", columns="method", values=key)
+        if a not in wide or b not in wide:
+            continue
+        iv = stats.paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), level=level)
+        rows.append({**dict(zip(list(GRID_AXES) + ["scale_rewards"], keys)), "mean": iv.mean,
+                     "half_width": iv.half_width, "n": iv.n, "low": iv.low, "high": iv.high})
+    return pd.DataFrame(rows)

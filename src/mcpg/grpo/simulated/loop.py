@@ -27,7 +27,7 @@ from .pool import (
     initial_logits,
 )
 
-__all__ = ["SimRun", "evaluation_metrics", "policy_overlap", "policy_coverage", "train_pool"]
+__all__ = ["SimRun", "evaluation_metrics", "policy_overlap", "policy_coverage", "train_pool", "evaluate_run"]
 
 
 def evaluation_metrics(correct, scores, types, specialist, tau: float = 1.0, eps: float = 0.0) -> dict[str, np.ndarray]:
@@ -339,3 +339,31 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
 
     return SimRun(cfg=cfg, method=method, seeds=seeds, updates=np.array(ckpts), metrics=hist, by_type=by_type,
                   logits=logit_snap, router=router_snap, seconds=time.perf_counter() - t0)
+
+
+@_one_thread
+def evaluate_run(run: SimRun, answer_noise: float = 0.0, checkpoint: int = -1) -> dict[str, np.ndarray]:
+    """Table 1's diagnostics of a trained pool when each answer is replaced by noise at a rate.
+
+    The pool at ``checkpoint`` (policies and router) answers each seed's held-out questions
+    (the same ones as during training) greedily, but each agent's answer to each question is
+    replaced, with probability ``answer_noise``, by a uniformly drawn answer (generator
+    ``[seed, 3]``): per-question idiosyncratic answers, which agents that have crowded on one
+    answer would otherwise never give. ``answer_noise = 0`` reproduces the run's own
+    evaluation. Returns :func:`evaluation_metrics`' dict, arrays of shape (n_seeds,).
+    """
+    if not 0.0 <= answer_noise <= 1.0:
+        raise ValueError(f"answer_noise must lie in [0, 1], got {answer_noise}")
+    cfg = run.cfg
+    out = []
+    for si, seed in enumerate(run.seeds):
+        types, z, checks = draw_questions(cfg, cfg.eval_questions, np.random.default_rng([seed, 1]))
+        greedy = run.logits[si, checkpoint].argmax(-1)  # (K, T)
+        answers = greedy[:, types].T  # (n, K)
+        rng = np.random.default_rng([seed, 3])
+        flip = rng.random(answers.shape) < answer_noise
+        answers = np.where(flip, rng.integers(0, cfg.n_answers, size=answers.shape), answers)
+        w = torch.as_tensor(run.router[si, checkpoint])[None]
+        m, _, _ = _slate_metrics(cfg, answers[None], types[None], z[None], checks[None], w)
+        out.append(m)
+    return {k: np.concatenate([o[k] for o in out]) for k in out[0]}
