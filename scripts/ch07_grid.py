@@ -48,6 +48,7 @@ KEYS = sim.EVAL_KEYS + sim.SAMPLED_KEYS + sim.DIAGNOSTIC_KEYS
 
 def _commit() -> str:
     try:
+
         def git(*a):
             return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
 
@@ -82,18 +83,21 @@ def main() -> None:
         if old.get("seeds") == SEEDS and old.get("axes") == AXES:
             data = old
     done = {(json.dumps(r["cell"], sort_keys=True), r["scale_rewards"], r["method"]) for r in data["results"]}
-    data.update({
-        "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-        "commit": _commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-                   f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
-        "seeds": SEEDS,
-        "axes": AXES,
-        "base_config": {k: v for k, v in asdict(base).items()},
-        "scalings": list(SCALINGS),
-        "signals": list(SIGNALS),
-    })
+    data.update(
+        {
+            "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
+            "commit": _commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+            "seeds": SEEDS,
+            "axes": AXES,
+            "base_config": {k: v for k, v in asdict(base).items()},
+            "scalings": list(SCALINGS),
+            "signals": list(SIGNALS),
+        }
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     todo = cells()[: args.limit]
     t0 = time.perf_counter()
@@ -104,11 +108,13 @@ def main() -> None:
             fkey = json.dumps(frozen_cell, sort_keys=True)
             if (fkey, scale, method) in done:
                 continue
-            cfg = replace(base, **{k: v for k, v in cell.items()},
-                          scale_rewards="group" if scale == "n/a" else scale)
+            cfg = replace(
+                base, **{k: v for k, v in cell.items()}, scale_rewards="group" if scale == "n/a" else scale
+            )
             run = sim.train_pool(cfg, method, SEEDS)
-            data["results"].append({"cell": frozen_cell, "scale_rewards": scale, "method": method,
-                                    **_record(run)})
+            data["results"].append(
+                {"cell": frozen_cell, "scale_rewards": scale, "method": method, **_record(run)}
+            )
             done.add((fkey, scale, method))
             tmp = args.out.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=1))

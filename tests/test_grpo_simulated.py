@@ -340,8 +340,8 @@ def test_one_update_is_route_and_credit_then_the_clipped_loss():
         step = route_and_credit("removal", p, P, 1 / (1 + np.exp(-s0)), R, rng, scale_rewards=scale,
                                 advantage_eps=cfg.advantage_eps)
         th = torch.tensor(theta0, requires_grad=True)
-        logp = torch.log_softmax(th, -1)[torch.arange(K)[None, None, :], torch.as_tensor(types)[:, None, None],
-                                         torch.as_tensor(actions)]
+        k_idx, t_idx = torch.arange(K)[None, None, :], torch.as_tensor(types)[:, None, None]
+        logp = torch.log_softmax(th, -1)[k_idx, t_idx, torch.as_tensor(actions)]
         loss = K * clipped_grpo_loss(logp.reshape(-1, 1), logp.detach().reshape(-1, 1),
                                      torch.as_tensor(step.advantages).reshape(-1), torch.ones(B * m * K, 1))
         (g,) = torch.autograd.grad(loss, th)
@@ -452,6 +452,7 @@ def test_load_grid_and_paired_differences(tmp_path):
     d = sim.grid_differences(frame, "removal", "wta")
     assert len(d) == 1
     iv = sim.paired_difference(runs, "removal", "wta")
-    assert d["mean"].iloc[0] == pytest.approx(iv.mean) and d["half_width"].iloc[0] == pytest.approx(iv.half_width)
+    assert d["mean"].iloc[0] == pytest.approx(iv.mean)
+    assert d["half_width"].iloc[0] == pytest.approx(iv.half_width)
     with pytest.raises(ValueError, match="not in the grid"):
         sim.grid_differences(frame, "oracle", "wta")

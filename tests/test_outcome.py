@@ -333,7 +333,8 @@ def test_in_sample_outcome_model_biases_eq19_and_cross_fitting_does_not():
     for d in range(D):
         for name, folds in (("in", None), ("cross", np.arange(n) % 2)):
             mu = oc.cell_mean_predictions(cells, sel[d], G[d], 2, folds=folds, strength=0.5)
-            est = routing.dr_removal_contributions(sel[d], G[d], np.tile(p, (n, 1)), np.tile(P, (n, 1, 1)), mu)
+            pp, PP = np.tile(p, (n, 1)), np.tile(P, (n, 1, 1))
+            est = routing.dr_removal_contributions(sel[d], G[d], pp, PP, mu)
             errs[name].append((est - exact).mean(0))
     for name, e in errs.items():
         e = np.array(e)

@@ -137,8 +137,15 @@ def format_interval(mean, hw, digits: int = 3, signed: bool = False) -> str:
     return f"{mean:{sign}.{digits}f} ± {hw:.{digits}f}"
 
 
-def summary_table(frame, keys: Sequence[str], by: str = "method", unit: str = "seed", level: float = 0.95,
-                  formatted: bool = False, digits: int = 3):
+def summary_table(
+    frame,
+    keys: Sequence[str],
+    by: str = "method",
+    unit: str = "seed",
+    level: float = 0.95,
+    formatted: bool = False,
+    digits: int = 3,
+):
     """Mean and t-interval half-width of each column of ``keys`` per group of ``by``.
 
     Args:
@@ -173,7 +180,9 @@ def summary_table(frame, keys: Sequence[str], by: str = "method", unit: str = "s
     table.index.name = by
     if not formatted:
         return table
-    out = pd.DataFrame({k: [format_interval(m, h, digits) for m, h in zip(table[k], table[k + " ±"])]
-                        for k in keys}, index=table.index)
+    out = pd.DataFrame(
+        {k: [format_interval(m, h, digits) for m, h in zip(table[k], table[k + " ±"])] for k in keys},
+        index=table.index,
+    )
     out["n"] = table["n"]
     return out

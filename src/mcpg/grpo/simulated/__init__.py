@@ -4,7 +4,8 @@ No language model: the agents are softmax policies over a handful of candidate a
 so one training run takes about a second on a CPU and a comparison can use many seeds.
 Everything that is not the agents is the LLM engine's own code: "route, draw I, credit,
 advantages" is :func:`mcpg.grpo.objective.route_and_credit`, the function the engine's
-update calls, and the clipped loss is :func:`~mcpg.grpo.objective.clipped_grpo_loss`; the router of Eq. (3), its leave-one-out propensities, its
+update calls, and the clipped loss is :func:`~mcpg.grpo.objective.clipped_grpo_loss`; the router of
+Eq. (3), its leave-one-out propensities, its
 draw and its inverse-propensity-weighted outcome loss from :mod:`mcpg.routing`. The loop
 follows ``mcpg.grpo.train.Engine.update`` step by step.
 
@@ -46,7 +47,8 @@ router takes ``router_steps`` steps on the rollout's selected feedback. The meth
 still learns): the reference.
 
 Evaluation, as ``mcpg.grpo.train.evaluate_pool``: on held-out questions each agent
-gives its greedy answer (and, for the ``sampled_*`` metrics, one sampled answer), the router deploys the highest score; reported are accuracy,
+gives its greedy answer (and, for the ``sampled_*`` metrics, one sampled answer), the router
+deploys the highest score; reported are accuracy,
 routing entropy (of Eq. 3 on the greedy slate), the Brier score of the deployed candidate,
 specialization (the fraction deployed to the agent whose specialty is the question's
 type), oracle accuracy (some agent is right) and regret = oracle - accuracy. The mechanism

@@ -57,7 +57,11 @@ def exact_pool(cfg: SimConfig, logits, weights, type_index: int) -> tuple[Routed
         raise ValueError(f"weights must have shape ({cfg.n_features},), got {w.shape}")
     if np.isnan(theta).any() or np.isnan(w).any():
         raise ValueError("logits and weights must not contain NaN")
-    if isinstance(type_index, bool) or not isinstance(type_index, (int, np.integer)) or not 0 <= type_index < T:
+    if (
+        isinstance(type_index, bool)
+        or not isinstance(type_index, (int, np.integer))
+        or not 0 <= type_index < T
+    ):
         raise ValueError(f"type_index must be an integer in [0, {T}), got {type_index!r}")
     q = np.asarray(cfg.answer_probs[type_index], dtype=float)
     f = cfg.check_flip
@@ -71,11 +75,19 @@ def exact_pool(cfg: SimConfig, logits, weights, type_index: int) -> tuple[Routed
     checks = np.logical_xor(g == 1, fl == 1).astype(float)
     n_H = len(z)
     answers = np.broadcast_to(np.arange(M)[None, :, None], (n_H, M, K))
-    feats = candidate_features(cfg, np.full((n_H, M), type_index), answers,
-                               np.broadcast_to(checks[:, :, None], (n_H, M, K)))
+    feats = candidate_features(
+        cfg, np.full((n_H, M), type_index), answers, np.broadcast_to(checks[:, :, None], (n_H, M, K))
+    )
     scores = (feats.numpy() @ w).transpose(2, 0, 1)  # (K, n_H, M)
-    pool = RoutedPool(np.broadcast_to(theta[:, type_index][:, None, :], (K, n_H, M)), g, scores,
-                      tau=cfg.router_tau, eps=cfg.router_eps, prompt_probs=probs / probs.sum(), noise="fixed")
+    pool = RoutedPool(
+        np.broadcast_to(theta[:, type_index][:, None, :], (K, n_H, M)),
+        g,
+        scores,
+        tau=cfg.router_tau,
+        eps=cfg.router_eps,
+        prompt_probs=probs / probs.sum(),
+        noise="fixed",
+    )
     return pool, z
 
 
@@ -135,7 +147,8 @@ def theorem1_diagnostics(cfg: SimConfig, logits, weights) -> dict[str, np.ndarra
     per-type logits, weighted by the type frequencies):
 
     - ``grad_J``, ``grad_U``, ``bias``: the norms of ``nabla_i J_sys``, ``nabla_i U_i`` and
-      of ``b_i = E[Psi_i D_i]`` (the displaced competitor return, :func:`~mcpg.mechanisms.winner_take_all_bias`);
+      of ``b_i = E[Psi_i D_i]`` (the displaced competitor return,
+      :func:`~mcpg.mechanisms.winner_take_all_bias`);
     - ``identity_error``: ``max |nabla_i J_sys - nabla_i U_i - b_i|`` (Theorem 1 says 0);
     - ``cosine``: the cosine between ``nabla_i U_i`` (what winner-take-all ascends) and
       ``nabla_i J_sys``;
@@ -174,7 +187,9 @@ def theorem1_diagnostics(cfg: SimConfig, logits, weights) -> dict[str, np.ndarra
 
 
 @_one_thread
-def profile_values(cfg: SimConfig, profiles, weights, type_index: int, sharpness: float = 40.0) -> tuple[np.ndarray, np.ndarray]:
+def profile_values(
+    cfg: SimConfig, profiles, weights, type_index: int, sharpness: float = 40.0
+) -> tuple[np.ndarray, np.ndarray]:
     """J_t and every U_i when the agents answer type ``type_index`` deterministically.
 
     Args:
@@ -236,10 +251,22 @@ def profile_table(cfg: SimConfig, type_index: int, weights=None, sharpness: floa
     best = J.max()
     rows = []
     for prof, (Jp, Up) in values.items():
-        eq = all(values[prof[:i] + (a,) + prof[i + 1:]][1][i] <= Up[i] + 1e-12
-                 for i in range(K) for a in range(M) if a != prof[i])
-        rows.append({"profile": prof, "distinct": len(set(prof)), "J": Jp,
-                     **{f"U_{i + 1}": Up[i] for i in range(K)}, "equilibrium": eq, "best": Jp >= best - 1e-12})
+        eq = all(
+            values[prof[:i] + (a,) + prof[i + 1 :]][1][i] <= Up[i] + 1e-12
+            for i in range(K)
+            for a in range(M)
+            if a != prof[i]
+        )
+        rows.append(
+            {
+                "profile": prof,
+                "distinct": len(set(prof)),
+                "J": Jp,
+                **{f"U_{i + 1}": Up[i] for i in range(K)},
+                "equilibrium": eq,
+                "best": Jp >= best - 1e-12,
+            }
+        )
     return pd.DataFrame(rows).sort_values("J", ascending=False, ignore_index=True)
 
 
@@ -269,6 +296,13 @@ def theorem1_trajectory(run: SimRun, every: int = 1, seeds: Sequence[int] | None
         for c in cks:
             d = theorem1_diagnostics(run.cfg, run.logits[si, c], run.router[si, c])
             for i in range(run.cfg.n_agents):
-                rows.append({"method": run.method, "seed": seed, "update": int(run.updates[c]), "agent": i,
-                             **{k: float(v[i]) for k, v in d.items()}})
+                rows.append(
+                    {
+                        "method": run.method,
+                        "seed": seed,
+                        "update": int(run.updates[c]),
+                        "agent": i,
+                        **{k: float(v[i]) for k, v in d.items()},
+                    }
+                )
     return pd.DataFrame(rows)

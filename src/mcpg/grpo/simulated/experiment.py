@@ -14,8 +14,15 @@ from ... import stats
 from .loop import train_pool
 from .pool import EVAL_KEYS, METHODS, SimConfig, _check_method, _check_seeds
 
-__all__ = ["GRID_AXES", "compare_methods", "summary_table", "paired_difference", "plot_curves", "load_grid",
-           "grid_differences"]
+__all__ = [
+    "GRID_AXES",
+    "compare_methods",
+    "summary_table",
+    "paired_difference",
+    "plot_curves",
+    "load_grid",
+    "grid_differences",
+]
 
 
 def compare_methods(cfg: SimConfig, methods: Sequence[str] = METHODS, seeds: Sequence[int] = range(10)):
@@ -38,8 +45,14 @@ def compare_methods(cfg: SimConfig, methods: Sequence[str] = METHODS, seeds: Seq
     return pd.concat([r.frame() for r in runs.values()], ignore_index=True), runs
 
 
-def summary_table(frame, keys: Sequence[str] = EVAL_KEYS, level: float = 0.95, update: int | None = None,
-                  formatted: bool = False, digits: int = 3):
+def summary_table(
+    frame,
+    keys: Sequence[str] = EVAL_KEYS,
+    level: float = 0.95,
+    update: int | None = None,
+    formatted: bool = False,
+    digits: int = 3,
+):
     """Mean and t-interval half-width of each metric per method, at one update (default: the last).
 
     Returns a DataFrame indexed by method with, for each key, the columns ``key`` (mean)
@@ -54,13 +67,17 @@ def summary_table(frame, keys: Sequence[str] = EVAL_KEYS, level: float = 0.95, u
     at = frame[frame["update"] == u]
     if at.empty:
         raise ValueError(f"no rows at update {u}")
-    table = stats.summary_table(at, keys, by="method", unit="seed", level=level, formatted=formatted, digits=digits)
+    table = stats.summary_table(
+        at, keys, by="method", unit="seed", level=level, formatted=formatted, digits=digits
+    )
     table = table.rename(columns={"n": "seeds"})
     table.index.name = None
     return table
 
 
-def paired_difference(runs: dict, a: str, b: str, key: str = "accuracy", level: float = 0.95) -> stats.Interval:
+def paired_difference(
+    runs: dict, a: str, b: str, key: str = "accuracy", level: float = 0.95
+) -> stats.Interval:
     """Mean over seeds of ``key`` under method a minus under method b at the last update, with
     its Student-t interval (:func:`mcpg.stats.paired_difference`; runs on the same seeds).
 
@@ -131,8 +148,15 @@ def load_grid(path):
     for r in data["results"]:
         cell = {k: (np.nan if r["cell"].get(k) is None else r["cell"][k]) for k in GRID_AXES}
         for si, seed in enumerate(r["seeds"]):
-            rows.append({**cell, "scale_rewards": r["scale_rewards"], "method": r["method"], "seed": seed,
-                         **{k: v[si] for k, v in r["final"].items()}})
+            rows.append(
+                {
+                    **cell,
+                    "scale_rewards": r["scale_rewards"],
+                    "method": r["method"],
+                    "seed": seed,
+                    **{k: v[si] for k, v in r["final"].items()},
+                }
+            )
     meta = {k: v for k, v in data.items() if k != "results"}
     return meta, pd.DataFrame(rows)
 
@@ -149,11 +173,21 @@ def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float 
         if m not in set(frame["method"]):
             raise ValueError(f"method {m!r} not in the grid")
     rows = []
-    for keys, g in frame[frame["method"].isin([a, b])].groupby(list(GRID_AXES) + ["scale_rewards"], sort=False):
+    for keys, g in frame[frame["method"].isin([a, b])].groupby(
+        list(GRID_AXES) + ["scale_rewards"], sort=False
+    ):
         wide = g.pivot(index="seed", columns="method", values=key)
         if a not in wide or b not in wide:
             continue
         iv = stats.paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), level=level)
-        rows.append({**dict(zip(list(GRID_AXES) + ["scale_rewards"], keys)), "mean": iv.mean,
-                     "half_width": iv.half_width, "n": iv.n, "low": iv.low, "high": iv.high})
+        rows.append(
+            {
+                **dict(zip(list(GRID_AXES) + ["scale_rewards"], keys)),
+                "mean": iv.mean,
+                "half_width": iv.half_width,
+                "n": iv.n,
+                "low": iv.low,
+                "high": iv.high,
+            }
+        )
     return pd.DataFrame(rows)

@@ -30,7 +30,9 @@ from .pool import (
 __all__ = ["SimRun", "evaluation_metrics", "policy_overlap", "policy_coverage", "train_pool", "evaluate_run"]
 
 
-def evaluation_metrics(correct, scores, types, specialist, tau: float = 1.0, eps: float = 0.0) -> dict[str, np.ndarray]:
+def evaluation_metrics(
+    correct, scores, types, specialist, tau: float = 1.0, eps: float = 0.0
+) -> dict[str, np.ndarray]:
     """The six diagnostics of the paper's Table 1 from greedy slates (as the LLM engine's evaluation).
 
     Args:
@@ -107,7 +109,8 @@ def policy_overlap(policies, type_probs) -> np.ndarray:
 
 
 def policy_coverage(policies, answer_probs, type_probs) -> np.ndarray:
-    """The chance that some agent's sampled answer is right: ``sum_t w_t sum_a q_t(a) (1 - prod_k (1 - pi_k(a | t)))``.
+    """The chance that some agent's sampled answer is right:
+    ``sum_t w_t sum_a q_t(a) (1 - prod_k (1 - pi_k(a | t)))``.
 
     The sampled-slate counterpart of oracle accuracy; shape (...,).
     """
@@ -118,6 +121,7 @@ def policy_coverage(policies, answer_probs, type_probs) -> np.ndarray:
         raise ValueError(f"policies must end in the (T, M) shape {q.shape} of answer_probs, got {pi.shape}")
     hit = 1.0 - np.prod(1.0 - pi, axis=-3)  # (..., T, M)
     return ((hit * q).sum(-1) * w).sum(-1)
+
 
 @dataclass
 class SimRun:
@@ -210,7 +214,9 @@ def _evaluate(cfg: SimConfig, theta: torch.Tensor, weights: torch.Tensor, eval_s
     by_type = {
         "accuracy": (R_dep[..., None] * onehot).sum(1) / count,
         "oracle": (correct.max(-1)[..., None] * onehot).sum(1) / count,
-        "distinct": np.array([[len(set(greedy[si][:, t])) for t in range(cfg.n_types)] for si in range(S)], float),
+        "distinct": np.array(
+            [[len(set(greedy[si][:, t])) for t in range(cfg.n_types)] for si in range(S)], float
+        ),
     }
     return out, by_type
 
@@ -239,7 +245,6 @@ def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,)) -
     return _train(cfg, method, seeds)
 
 
-
 def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     t0 = time.perf_counter()
     S, K, T, M = len(seeds), cfg.n_agents, cfg.n_types, cfg.n_answers
@@ -249,7 +254,9 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     eval_set = tuple(np.stack([e[i] for e in eval_sets]) for i in range(3))
     eval_rngs = [np.random.default_rng([s, 2]) for s in seeds]  # sampled answers at evaluation
 
-    theta = torch.tensor(np.stack([initial_logits(cfg, r) for r in rngs]), dtype=torch.float64, requires_grad=True)
+    theta = torch.tensor(
+        np.stack([initial_logits(cfg, r) for r in rngs]), dtype=torch.float64, requires_grad=True
+    )
     weights = torch.zeros((S, cfg.n_features), dtype=torch.float64, requires_grad=True)
     actor_opt = torch.optim.Adam([theta], lr=cfg.learning_rate)
     router_opt = torch.optim.Adam([weights], lr=cfg.router_lr)
@@ -273,17 +280,17 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
             ci += 1
         if u == cfg.updates:
             break
-        # --- one update (Algorithm "routed GRPO" of chapter 7) begins
+        # --- update begins (the steps of the algorithm in chapter 7) ---
         # 1. rollout: m answers per agent per question; the g-th answers form slate g
         qs = [draw_questions(cfg, B, r) for r in rngs]
-        types = np.stack([q[0] for q in qs])            # (S, B)
-        z = np.stack([q[1] for q in qs])                # (S, B)
-        checks = np.stack([q[2] for q in qs])           # (S, B, M)
+        types = np.stack([q[0] for q in qs])  # (S, B)
+        z = np.stack([q[1] for q in qs])  # (S, B)
+        checks = np.stack([q[2] for q in qs])  # (S, B, M)
         with torch.no_grad():
-            pi = torch.softmax(theta, -1).numpy()       # (S, K, T, M)
+            pi = torch.softmax(theta, -1).numpy()  # (S, K, T, M)
         pi_q = np.stack([pi[s][:, types[s]] for s in range(S)]).transpose(0, 2, 1, 3)  # (S, B, K, M)
         uni = np.stack([r.random((B, m, K)) for r in rngs])
-        cdf = np.cumsum(pi_q, -1)[:, :, None]           # (S, B, 1, K, M)
+        cdf = np.cumsum(pi_q, -1)[:, :, None]  # (S, B, 1, K, M)
         actions = np.minimum((uni[..., None] > cdf).sum(-1), M - 1)  # (S, B, m, K)
 
         # 2. rewards R^(j) of every candidate (only R^(I) is fed back; all of R only to the oracle)
@@ -300,9 +307,10 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
 
         # 4. draw I ~ p, feed back G = R^(I), credit each agent, per-agent group advantages
         signal = "wta" if method == "frozen" else method  # frozen: routed alike, no actor update
-        step = route_and_credit(signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards,
-                                advantage_eps=cfg.advantage_eps)
-        I, G = step.I, step.G
+        step = route_and_credit(
+            signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards, advantage_eps=cfg.advantage_eps
+        )
+        I, G = step.I, step.G  # noqa: E741 (the paper's name)
         if u in ckpts:
             hist["train_reward"][:, ci - 1] = G.reshape(S, -1).mean(1)
             hist["zero_std"][:, ci - 1] = step.zero_std_fraction.mean()
@@ -319,8 +327,18 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
             for _ in range(cfg.num_iterations):
                 actor_opt.zero_grad()
                 logp = _gather_logp(torch.log_softmax(theta, -1), types, actions)
-                loss = S * K * clipped_grpo_loss(logp.reshape(-1, 1), logp_old.reshape(-1, 1), adv.reshape(-1), ones,
-                                                 clip_eps=cfg.clip_eps, loss_type=cfg.loss_type)
+                loss = (
+                    S
+                    * K
+                    * clipped_grpo_loss(
+                        logp.reshape(-1, 1),
+                        logp_old.reshape(-1, 1),
+                        adv.reshape(-1),
+                        ones,
+                        clip_eps=cfg.clip_eps,
+                        loss_type=cfg.loss_type,
+                    )
+                )
                 loss.backward()
                 actor_opt.step()
 
@@ -335,10 +353,19 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
             loss = S * routing.ipw_outcome_loss(_scores(feats, weights).reshape(-1, K), sel, G_t, p_t)
             loss.backward()
             router_opt.step()
-        # --- one update ends
+        # --- update ends ---
 
-    return SimRun(cfg=cfg, method=method, seeds=seeds, updates=np.array(ckpts), metrics=hist, by_type=by_type,
-                  logits=logit_snap, router=router_snap, seconds=time.perf_counter() - t0)
+    return SimRun(
+        cfg=cfg,
+        method=method,
+        seeds=seeds,
+        updates=np.array(ckpts),
+        metrics=hist,
+        by_type=by_type,
+        logits=logit_snap,
+        router=router_snap,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 @_one_thread

@@ -116,16 +116,26 @@ class SimConfig:
             if tp.shape != (T,) or np.isnan(tp).any() or (tp < 0).any() or not np.isclose(tp.sum(), 1.0):
                 raise ValueError(f"type_probs must be a probability vector of length {T}")
         if len(self.type_names) != T:
-            raise ValueError(f"type_names must name the {T} types of answer_probs, got {len(self.type_names)}")
-        for key in ("n_agents", "prompts_per_update", "num_iterations", "router_steps", "eval_questions",
-                    "eval_every"):
+            raise ValueError(
+                f"type_names must name the {T} types of answer_probs, got {len(self.type_names)}"
+            )
+        for key in (
+            "n_agents",
+            "prompts_per_update",
+            "num_iterations",
+            "router_steps",
+            "eval_questions",
+            "eval_every",
+        ):
             _positive_int(getattr(self, key), key)
         _positive_int(self.updates, "updates", allow_zero=True)
         _positive_int(self.completions_per_agent, "completions_per_agent")
         if self.n_agents < 2:
             raise ValueError(f"n_agents must be at least 2 (a routed pool), got {self.n_agents}")
         if self.completions_per_agent < 2:
-            raise ValueError(f"completions_per_agent must be at least 2 (a GRPO group), got {self.completions_per_agent}")
+            raise ValueError(
+                f"completions_per_agent must be at least 2 (a GRPO group), got {self.completions_per_agent}"
+            )
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
         if not 0.0 <= self.check_flip <= 0.5:
@@ -133,7 +143,9 @@ class SimConfig:
         if not (np.isfinite(self.router_tau) and self.router_tau > 0):
             raise ValueError(f"router_tau must be a positive finite temperature, got {self.router_tau}")
         if not 0.0 < self.router_eps <= 1.0:
-            raise ValueError(f"router_eps must lie in (0, 1] (Eq. 19 divides by the propensities), got {self.router_eps}")
+            raise ValueError(
+                f"router_eps must lie in (0, 1] (Eq. 19 divides by the propensities), got {self.router_eps}"
+            )
         for key in ("learning_rate", "router_lr"):
             v = getattr(self, key)
             if not (np.isfinite(v) and v > 0):
@@ -154,7 +166,7 @@ class SimConfig:
 
     @property
     def n_features(self) -> int:
-        """The number F of router features, (type, answer) and (type, agent) one-hots, the check and a bias."""
+        """The number F of router features: (type, answer) and (type, agent) one-hots, check, bias."""
         return self.n_types * self.n_answers + self.n_types * self.n_agents + 2
 
     def type_distribution(self) -> np.ndarray:
@@ -198,7 +210,9 @@ def _one_thread(fn):
 
 def _positive_int(v, name: str, allow_zero: bool = False) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if allow_zero else 1):
-        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer, got {v!r}")
+        raise ValueError(
+            f"{name} must be a {'non-negative' if allow_zero else 'positive'} integer, got {v!r}"
+        )
 
 
 def _check_method(method: str) -> None:
@@ -216,10 +230,13 @@ def _check_seeds(seeds) -> list[int]:
         raise ValueError("seeds must be distinct")
     return [int(s) for s in seeds]
 
+
 # ------------------------------------------------------------------------------------------
 # the environment
 # ------------------------------------------------------------------------------------------
-def draw_questions(cfg: SimConfig, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def draw_questions(
+    cfg: SimConfig, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Draw n questions: types (n,), hidden correct answers Z (n,), and checks (n, M).
 
     ``checks[q, a] = 1{a = Z_q}`` flipped with probability ``cfg.check_flip``, independently
@@ -252,7 +269,9 @@ def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
     checks = np.asarray(checks, dtype=float)
     T, M, K = cfg.n_types, cfg.n_answers, cfg.n_agents
     if answers.shape[-1:] != (K,) or types.shape != answers.shape[:-1]:
-        raise ValueError(f"answers must have shape types.shape + ({K},), got {answers.shape} for types {types.shape}")
+        raise ValueError(
+            f"answers must have shape types.shape + ({K},), got {answers.shape} for types {types.shape}"
+        )
     if checks.shape != answers.shape:
         raise ValueError(f"checks must have the shape of answers {answers.shape}, got {checks.shape}")
     if ((types < 0) | (types >= T)).any():
@@ -281,6 +300,7 @@ def initial_logits(cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
     theta = base[None] + cfg.init_noise * rng.normal(size=(K, T, M))
     theta[np.arange(K), cfg.specialties(), 0] += cfg.specialty_bonus
     return theta
+
 
 # ------------------------------------------------------------------------------------------
 # exact analysis (Theorem 1) on the enumerated pool
@@ -323,6 +343,8 @@ def router_beliefs(cfg: SimConfig, weights) -> np.ndarray:
     t = np.repeat(np.arange(T), M * 2)
     a = np.tile(np.repeat(np.arange(M), 2), T)
     c = np.tile(np.arange(2), T * M)
-    x = candidate_features(cfg, t, np.repeat(a[:, None], K, 1), np.repeat(c[:, None], K, 1)).numpy()  # (T*M*2, K, F)
+    x = candidate_features(
+        cfg, t, np.repeat(a[:, None], K, 1), np.repeat(c[:, None], K, 1)
+    ).numpy()  # (T*M*2, K, F)
     mu = 1.0 / (1.0 + np.exp(-np.einsum("nkf,...f->...nk", x, w)))
     return mu.mean(-1).reshape(w.shape[:-1] + (T, M, 2))

@@ -25,7 +25,11 @@ def _probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Gener
         raise ValueError(f"others must hold one answer in [0, {M}) per agent, shape ({K},)")
     if isinstance(agent, bool) or not isinstance(agent, (int, np.integer)) or not 0 <= agent < K:
         raise ValueError(f"agent must lie in [0, {K})")
-    if isinstance(type_index, bool) or not isinstance(type_index, (int, np.integer)) or not 0 <= type_index < cfg.n_types:
+    if (
+        isinstance(type_index, bool)
+        or not isinstance(type_index, (int, np.integer))
+        or not 0 <= type_index < cfg.n_types
+    ):
         raise ValueError(f"type_index must be an integer in [0, {cfg.n_types})")
     w = calibrated_router(cfg) if weights is None else np.asarray(weights, dtype=float)
     if w.shape != (cfg.n_features,) or np.isnan(w).any():
@@ -41,9 +45,11 @@ def _probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Gener
     p = routing.router_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
     P = routing.leave_one_out_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
     mu = 1.0 / (1.0 + np.exp(-s))
-    I = routing.sample_selection(p, rng)
+    I = routing.sample_selection(p, rng)  # noqa: E741 (the paper's name)
     G = np.take_along_axis(R, I[..., None], -1)[..., 0]
-    scores = {signal: credit(signal, I, G, p, P, mu, rewards_all=R) for signal in ("wta", "removal", "oracle")}
+    scores = {
+        signal: credit(signal, I, G, p, P, mu, rewards_all=R) for signal in ("wta", "removal", "oracle")
+    }
     return actions[..., agent], z, scores
 
 
@@ -56,8 +62,9 @@ def _mean_hw(x: np.ndarray) -> tuple[float, float]:
 
 
 @_one_thread
-def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator,
-                    weights=None, agent: int = 0):
+def advantage_probe(
+    cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator, weights=None, agent: int = 0
+):
     """Monte Carlo: the mean GRPO advantage of each answer of one agent, the others fixed.
 
     Agent ``agent`` samples its m answers uniformly; every other agent k always answers
@@ -77,21 +84,26 @@ def advantage_probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.ran
     mine, _, scores = _probe(cfg, type_index, others, n, rng, weights, agent)
     rows = []
     for signal, sc in scores.items():
-        forms = {"standardised": group_advantages(sc, "group", eps=cfg.advantage_eps, axis=-2)[..., agent],
-                 "centred": group_advantages(sc, "none", axis=-2)[..., agent]}
+        forms = {
+            "standardised": group_advantages(sc, "group", eps=cfg.advantage_eps, axis=-2)[..., agent],
+            "centred": group_advantages(sc, "none", axis=-2)[..., agent],
+        }
         for form, adv in forms.items():
             for a in range(cfg.n_answers):
                 hit = mine == a
                 per_group = np.where(hit, adv, 0.0).sum(1) / np.maximum(hit.sum(1), 1)
                 x = per_group[hit.any(1)]
                 mean, hw = _mean_hw(x)
-                rows.append({"signal": signal, "advantages": form, "answer": a, "mean": mean, "±": hw, "n": len(x)})
+                rows.append(
+                    {"signal": signal, "advantages": form, "answer": a, "mean": mean, "±": hw, "n": len(x)}
+                )
     return pd.DataFrame(rows)
 
 
 @_one_thread
-def score_spread(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator,
-                 weights=None, agent: int = 0):
+def score_spread(
+    cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator, weights=None, agent: int = 0
+):
     """Monte Carlo: how spread out one agent's m scores are within a group, by case.
 
     Same rollout as :func:`advantage_probe`. For each signal, the mean over groups of the
