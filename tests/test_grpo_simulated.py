@@ -349,7 +349,7 @@ def test_one_update_is_route_and_credit_then_the_clipped_loss():
         adam = theta0 - cfg.learning_rate * g / (np.abs(g) + 1e-8)  # Adam's first step
         np.testing.assert_allclose(run.logits[0, -1], adam, atol=1e-9)
         zs = run.metrics["zero_std"][0, 0]
-        assert zs == pytest.approx(step.zero_std_fraction.mean())
+        assert zs == pytest.approx(step.zero_std_fraction.mean())  # one seed: its own share
 
 
 def test_sampled_evaluation_and_zero_std_metrics():
@@ -362,6 +362,9 @@ def test_sampled_evaluation_and_zero_std_metrics():
                                run.metrics["sampled_oracle"] - run.metrics["sampled_accuracy"])
     zs = run.metrics["zero_std"][:, :-1]
     assert ((0 <= zs) & (zs <= 1)).all() and np.isnan(run.metrics["zero_std"][:, -1]).all()
+    # per seed, not pooled over the batch of seeds: seed 1 alone gives its own share
+    alone = sim.train_pool(SHORT, "wta", [1])
+    np.testing.assert_array_equal(alone.metrics["zero_std"][0], run.metrics["zero_std"][1])
     # evaluation draws its own generator: the sampled metrics do not change training
     again = sim.train_pool(SHORT, "wta", [1])
     np.testing.assert_array_equal(again.logits[0], run.logits[1])

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ... import routing
-from ..objective import clipped_grpo_loss, route_and_credit
+from ..objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .pool import (
     DIAGNOSTIC_KEYS,
     EVAL_KEYS,
@@ -313,7 +313,8 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         I, G = step.I, step.G  # noqa: E741 (the paper's name)
         if u in ckpts:
             hist["train_reward"][:, ci - 1] = G.reshape(S, -1).mean(1)
-            hist["zero_std"][:, ci - 1] = step.zero_std_fraction.mean()
+            # per seed: the share of its (question, agent) groups whose m scores are all equal
+            hist["zero_std"][:, ci - 1] = zero_std_groups(step.scores).reshape(S, -1).mean(1)
 
         # 5. actor update: the clipped GRPO loss per agent (Adam)
         if method != "frozen":
