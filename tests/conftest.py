@@ -1,6 +1,44 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the hypothesis profiles of the test suite.
+
+Two profiles:
+
+- ``ci`` (the default, what ``python -m pytest`` runs): derandomised. Every property-based
+  test draws the same examples on every run and every machine (``derandomize=True``), and
+  nothing is read from or written to an example database, so a run cannot start failing
+  because an earlier run stored an example. No deadlines: timings on a shared CPU are noise.
+- ``thorough`` (for local runs, ``python -m pytest --hypothesis-profile=thorough``): fresh
+  random examples on every run, ten times as many per test as the test asks for, failing
+  examples kept in ``.hypothesis/`` and replayed first next time. Use it after changing a
+  module, and run it a few times; a failure it finds prints a ``@reproduce_failure`` line.
+
+Both are registered here, before the test modules are imported, so that the ``settings(...)``
+objects the modules create inherit the chosen profile's values.
+"""
 
 import pytest
+from hypothesis import settings
+
+THOROUGH_FACTOR = 10  # max_examples multiplier of the thorough profile
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("thorough", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile("ci")  # --hypothesis-profile=NAME, handled by hypothesis' plugin later, overrides this
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``thorough``, run each property-based test with THOROUGH_FACTOR times its examples.
+
+    Most tests fix ``max_examples`` in their own ``settings(...)``, which a profile cannot
+    override; so the test's settings object, which hypothesis reads from the test function
+    when the test runs, is replaced by a child with the larger count.
+    """
+    if settings.get_current_profile_name() != "thorough":
+        return
+    for item in items:
+        fn = getattr(item, "function", None)
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is not None and hasattr(fn, "hypothesis"):
+            fn._hypothesis_internal_use_settings = settings(own, max_examples=own.max_examples * THOROUGH_FACTOR)
 
 
 @pytest.fixture(scope="module")
