@@ -38,7 +38,8 @@ def pytest_collection_modifyitems(config, items):
         fn = getattr(item, "function", None)
         own = getattr(fn, "_hypothesis_internal_use_settings", None)
         if own is not None and hasattr(fn, "hypothesis"):
-            fn._hypothesis_internal_use_settings = settings(own, max_examples=own.max_examples * THOROUGH_FACTOR)
+            more = settings(own, max_examples=own.max_examples * THOROUGH_FACTOR)
+            fn._hypothesis_internal_use_settings = more
 
 
 @pytest.fixture(scope="module")
