@@ -268,6 +268,13 @@ def myst_to_markdown(text: str, labels: dict[str, str] | None = None, bib: dict 
     while i < len(lines):
         line = lines[i]
         m = OPENING.match(line)
+        plain = re.match(r"^\s*(`{3,}|~{3,})(?!\{)", line)
+        if plain:  # an ordinary code block: copied as it is
+            fence = plain.group(1)
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
+            out += lines[i:end + 1]
+            i = end + 1
+            continue
         if TARGET.match(line) or (line.startswith("%") and not line.startswith("%%")):
             i += 1  # a label target or a MyST comment
             continue
