@@ -149,13 +149,24 @@ def test_only_the_known_warnings_are_hidden():
     assert [str(w.message) for w in seen] == [m for m, _, _ in other]
 
 
-def test_no_progress_hides_the_gguf_bar(monkeypatch):
+def test_no_progress_hides_the_loading_bars(monkeypatch):
     gguf_utils = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    from transformers.utils import logging as hf_logging
+
     monkeypatch.setattr(gguf_utils, "tqdm", gguf_utils.tqdm)  # restored after the test
-    cli.hide_gguf_progress()
-    cli.hide_gguf_progress()  # idempotent
-    bar = gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")
-    assert bar.disable and list(bar) == [0, 1, 2]
+    enabled = hf_logging.is_progress_bar_enabled()
+    try:
+        cli.hide_loading_progress()
+        cli.hide_loading_progress()  # idempotent
+        bar = gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")
+        assert bar.disable and list(bar) == [0, 1, 2]
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+        from huggingface_hub.utils import enable_progress_bars
+
+        enable_progress_bars()
 
 
 def test_python_m_prints_an_error_line_not_a_traceback(tmp_path):

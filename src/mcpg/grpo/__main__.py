@@ -51,18 +51,27 @@ def filter_known_warnings() -> None:
         warnings.filterwarnings("ignore", **spec)
 
 
-def hide_gguf_progress() -> None:
-    """No "Converting and de-quantizing GGUF tensors" bar when a model loads from a GGUF file.
+def hide_loading_progress() -> None:
+    """No progress bars while a model loads: transformers' and the hub's, and the GGUF one.
 
-    transformers' GGUF loader calls tqdm itself, so ``transformers.utils.logging.
-    disable_progress_bar()`` does not reach it, and the ``TQDM_DISABLE`` variable is read only
-    when tqdm is first imported (torch imports it). The loader looks ``tqdm`` up in its module
-    when it runs, so that one name is replaced by a tqdm that is disabled.
+    ``transformers.utils.logging.disable_progress_bar()`` silences the "Loading weights" bar
+    but not the "Converting and de-quantizing GGUF tensors" bar: transformers' GGUF loader
+    calls tqdm itself, and the ``TQDM_DISABLE`` variable is read only when tqdm is first
+    imported (torch imports it). The loader looks ``tqdm`` up in its module when it runs, so
+    that one name is replaced by a tqdm that is disabled.
     """
     try:
+        import transformers
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # no transformers, or one without GGUF support: no bar to hide
+    except ImportError:  # no transformers, or one without GGUF support: no bars to hide
         return
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        pass
+    else:
+        disable_progress_bars()
     if not isinstance(getattr(gguf_utils, "tqdm", None), functools.partial):
         gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
 
@@ -171,7 +180,7 @@ def _run(args) -> dict:
         # products of a 135M model slow down many times over; fewer threads avoid that.
         torch.set_num_threads(threads)
     if args.no_progress:
-        hide_gguf_progress()
+        hide_loading_progress()
     filter_known_warnings()
     from .train import evaluate_run, train
 
