@@ -87,3 +87,13 @@ def test_package_docstring_names_every_module():
     assert "grpo" in modules and "mechanisms" in modules
     missing = [m for m in modules if f":mod:`mcpg.{m}`" not in mcpg.__doc__]
     assert not missing, f"mcpg's docstring omits {missing}"
+
+
+def test_no_reference_to_design_notes_outside_the_repository():
+    """Docstrings and pages cite the paper and the book, not design notes a reader cannot open."""
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "book").glob("*.md"), ROOT / "README.md",
+             *(ROOT / "scripts").glob("*.py")]
+    cited = [f"{p.relative_to(ROOT)}:{i}" for p in files
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"DESIGN\b", line)]
+    assert not cited, cited
