@@ -343,10 +343,13 @@ def _notebook(text: str, book: Path = BOOK, number: int | None = None):
     if number is not None:  # a section of this very chapter needs no "(Chapter N)"
         labels = {k: v.replace(f" (Chapter {number})", "") for k, v in labels.items()}
     macros = math_macros(book / "_config.yml")
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = myst_to_markdown(cell.source, labels, bib, macros).strip("\n")
+    # a cell that held only MyST markup (e.g. the end of a solution) has nothing left to show
+    nb.cells = [c for c in nb.cells if c.cell_type != "markdown" or c.source.strip()]
     for i, cell in enumerate(nb.cells):  # stable ids, so that a sync without edits changes nothing
         cell.id = f"cell-{i:03d}"
-        if cell.cell_type == "markdown":
-            cell.source = myst_to_markdown(cell.source, labels, bib, macros)
     return nb
 
 

@@ -151,6 +151,7 @@ def test_colab_notebook_has_no_myst_left(md):
     left = re.findall(r"\{(?:prf:[a-z]+|exercise|solution-start|solution-end|cite|ref|numref|eq|py:\w+)\}"
                       r"|^[`:]{3}\{|^:::|^\([\w-]+\)=$", markdown, re.M)
     assert not left, left
+    assert all(c.source.strip() for c in nb.cells if c.cell_type == "markdown")
     results = re.findall(r"^```\{prf:(\w+)\}[ \t]*(.*)$", text, re.M)
     assert results
     for kind, title in results:  # each result opens a paragraph with its bold heading
