@@ -76,9 +76,15 @@ def test_malformed_config_names_the_file(tmp_path, capsys, no_training):
     assert no_training == []
 
 
+def test_unknown_signal(tmp_path, capsys):
+    argv = ["train", "--config", "tiny-random", "--signal", "best", "--output", str(tmp_path / "r")]
+    err = error_of(capsys, argv)
+    assert "signal must be one of" in err and "'best'" in err
+
+
 def test_bad_run_directories(tmp_path, capsys, no_training):
     err = error_of(capsys, ["evaluate", "--run", str(tmp_path / "nowhere")])
-    assert "nowhere" in err and "no such directory" in err
+    assert "nowhere" in err and "does not exist" in err
     err = error_of(capsys, ["evaluate", "--run", str(tmp_path)])
     assert "no config.json" in err
     (tmp_path / "config.json").write_text("{not json")
@@ -90,8 +96,7 @@ def test_bad_run_directories(tmp_path, capsys, no_training):
 
 
 def test_argument_errors_exit_2(capsys):
-    for argv in (["train", "--config", "tiny-random", "--signal", "best", "--output", "x"],
-                 ["evaluate", "--run", "x", "--threads", "0"],
+    for argv in (["evaluate", "--run", "x", "--threads", "0"],
                  ["evaluate", "--run", "x", "--threads", "two"]):
         with pytest.raises(SystemExit) as exit_:
             cli.main(argv)

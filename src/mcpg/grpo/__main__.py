@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train K routed LoRA agents with one credit signal; write a run folder.",
                        epilog=EXAMPLES, formatter_class=fmt)
     t.add_argument("--config", required=True, help=f"a named config {sorted(CONFIGS)} or a JSON file")
-    t.add_argument("--signal", required=True, choices=list(SIGNALS), help="credit signal")
+    t.add_argument("--signal", required=True, help=f"credit signal: one of {list(SIGNALS)}")
     t.add_argument("--output", required=True, help="run directory (new, or an interrupted run with --resume)")
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")
     t.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
@@ -137,7 +137,7 @@ def _config_of_command(args) -> dict:
     if args.command == "evaluate":
         run = Path(args.run)
         if not run.is_dir():
-            raise UsageError(f"--run {run}: no such directory" if not run.exists()
+            raise UsageError(f"--run {run} does not exist (no config.json to read)" if not run.exists()
                              else f"--run {run} is a file, not a run directory")
         if not (run / "config.json").is_file():
             raise UsageError(f"--run {run} is not a run directory (it has no config.json)")
