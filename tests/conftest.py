@@ -13,6 +13,9 @@ Two profiles:
 
 Both are registered here, before the test modules are imported, so that the ``settings(...)``
 objects the modules create inherit the chosen profile's values.
+
+Known third-party warnings (the command line's, and one from TRL) are filtered by message,
+category and module in :func:`pytest_configure`; every other warning is reported.
 """
 
 import pytest
@@ -23,6 +26,26 @@ THOROUGH_FACTOR = 10  # max_examples multiplier of the thorough profile
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("thorough", derandomize=False, deadline=None, print_blob=True)
 settings.load_profile("ci")  # --hypothesis-profile=NAME, handled by hypothesis' plugin later, overrides this
+
+
+def pytest_configure(config):
+    """Hide the known third-party warnings, and only those, as the command line does.
+
+    Each is matched by message, category and module (see ``KNOWN_WARNINGS`` in
+    ``mcpg.grpo.__main__`` for why each says nothing about our code); any other warning is
+    still reported.
+    """
+    from mcpg.grpo.__main__ import KNOWN_WARNINGS
+
+    known = KNOWN_WARNINGS + [
+        # TRL's GRPOConfig sets transformers' deprecated `gradient_checkpointing` argument;
+        # only the test that compares our loss with TRL's builds one.
+        dict(message=r"`gradient_checkpointing` is deprecated", category=FutureWarning,
+             module=r"transformers\.training_args"),
+    ]
+    for w in known:
+        line = f"ignore:{w['message']}:{w['category'].__name__}:{w['module']}"
+        config.addinivalue_line("filterwarnings", line)
 
 
 def pytest_collection_modifyitems(config, items):
