@@ -82,6 +82,7 @@ DEFAULTS: dict = {
     "eval_every": 0,             # evaluate every n updates during training (0: only at the end)
     "checkpoint_every": 1,       # write the resumable checkpoint every n updates
     "progress": True,            # tqdm bars on rollouts and updates
+    "threads": 0,                # torch CPU threads the command line sets; 0: torch's default (one per core)
 }
 
 CONFIGS: dict[str, dict] = {
@@ -146,6 +147,7 @@ def check_config(cfg: dict) -> dict:
     for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed", "data_seed",
                 "router_replay"):
         _positive_int(cfg, key, allow_zero=True)
+    _positive_int(cfg, "threads", allow_zero=True)
     if cfg["completions_per_agent"] < 2:
         raise ValueError("config key 'completions_per_agent' must be at least 2 (a GRPO group)")
     for key in ("learning_rate", "router_lr", "router_tau"):
