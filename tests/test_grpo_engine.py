@@ -282,3 +282,21 @@ def test_base_rows_in_a_mixed_batch_are_the_frozen_base_model(pool):
         out = pool.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=pool.tokenizer.pad_token_id)
     base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
     assert mixed.texts[0] == base_text
+
+
+def test_loading_draws_no_progress_bars(capfd):
+    """Inside load_base the GGUF de-quantizing bar (tqdm used directly by transformers) and
+    transformers' own bars are off; afterwards both are as before."""
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    from mcpg.grpo.models import _quiet_loading
+
+    gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    before = gguf.tqdm
+    with _quiet_loading():
+        list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        assert not hf_logging.is_progress_bar_enabled()
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +88,8 @@ class RowTemperature:
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.temperatures.device != scores.device or self.temperatures.dtype != scores.dtype:
-            self.temperatures = self.temperatures.to(device=scores.device, dtype=scores.dtype)  # once, not per step
+            # moved once, not at every step
+            self.temperatures = self.temperatures.to(device=scores.device, dtype=scores.dtype)
         return scores / self.temperatures
 
 
@@ -188,8 +190,9 @@ class AgentPool:
     """
 
     def __init__(self, base_model, tokenizer, agents: list[AgentSpec], lora_r: int = 8, lora_alpha: int = 16,
-                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0, share_prefill: bool = True,
-                 multilora: bool = True, gradient_checkpointing: bool = True, logprob_chunk: int = 512):
+                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0,
+                 share_prefill: bool = True, multilora: bool = True, gradient_checkpointing: bool = True,
+                 logprob_chunk: int = 512):
         from peft import LoraConfig, get_peft_model
 
         if len(agents) < 2:
@@ -204,7 +207,11 @@ class AgentPool:
         self.share_prefill = share_prefill
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=target_modules,
                          task_type="CAUSAL_LM", bias="none")
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # peft reads transformers' deprecated `is_gradient_checkpointing` (renamed in transformers 5);
+            # a warning about peft's code, nothing this pool can change
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
             torch.manual_seed(seed)
             model = get_peft_model(base_model, cfg, adapter_name=names[0])
             for name in names[1:]:
@@ -278,7 +285,8 @@ class AgentPool:
         from transformers import LogitsProcessorList
 
         tok, dev = self.tokenizer, self.device
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tok.pad_token_id,
+                  "eos_token_id": tok.eos_token_id}
         if min_new_tokens:
             kwargs["min_new_tokens"] = min_new_tokens
         processors = LogitsProcessorList()
@@ -326,8 +334,8 @@ class AgentPool:
         texts = tok.batch_decode(completion, skip_special_tokens=True)
         if progress is not None:  # generation may stop early (every row hit EOS): fill the bar
             progress.update(max_new_tokens - completion.shape[1])
-        return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(), ~has_eos,
-                       sampler_lp)
+        return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(),
+                       ~has_eos, sampler_lp)
 
     # -- scoring -------------------------------------------------------------------------
     def _install_checkpointing(self) -> None:
@@ -361,8 +369,8 @@ class AgentPool:
         (no soft-capping or logit scaling, head not adapted); otherwise None."""
         base = self.model.get_base_model()
         cfg = base.config
-        if any(getattr(cfg, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale",
-                                                                  "logits_scaling", "output_multiplier_scale")):
+        scaled = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+        if any(getattr(cfg, k, None) not in (None, 1.0) for k in scaled):
             return None
         decoder, head = getattr(base, "model", None), base.get_output_embeddings()
         if decoder is None or type(head) is not torch.nn.Linear:
@@ -397,8 +405,9 @@ class AgentPool:
                     logits = out.logits[:, :-1, :].float() / temps.reshape(-1, 1, 1)
                     return selective_logprobs(logits, completion_ids)
                 decoder, head = parts
-                hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
-                                 position_ids=position_ids[:, :-1], use_cache=False, **extra).last_hidden_state
+                out = decoder(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+                              position_ids=position_ids[:, :-1], use_cache=False, **extra)
+                hidden = out.last_hidden_state
         finally:
             self._checkpointing = False
         hidden = hidden[:, -T:].reshape(N * T, -1)
@@ -421,8 +430,13 @@ class AgentPool:
         """One adapter's weights, keyed by parameter name with the adapter name removed."""
         from peft import get_peft_model_state_dict
 
-        return {k: v.detach().cpu().clone().contiguous() for k, v in
-                get_peft_model_state_dict(self.model, adapter_name=name).items()}
+        with warnings.catch_warnings():
+            # peft looks for the base model's config.json to see whether the vocabulary was resized;
+            # a GGUF base (SmolLM2 offline) has none next to it. The adapters never touch the
+            # embeddings (LoRA on linear layers only), so peft's assumption "not modified" is right.
+            warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)
+            state = get_peft_model_state_dict(self.model, adapter_name=name)
+        return {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
         from peft import set_peft_model_state_dict

@@ -77,7 +77,8 @@ class MultiLoRA:
 
     def __init__(self, model, names: list[str]):
         if not supported(model, names):
-            raise ValueError("MultiLoRA needs plain LoRA Linear layers holding every adapter (no DoRA, dropout or bias)")
+            raise ValueError("MultiLoRA needs plain LoRA Linear layers holding every adapter "
+                             "(no DoRA, dropout or bias)")
         self.names = list(names)
         self.layers = _lora_layers(model)
         self._peft_forward = {}
@@ -134,7 +135,8 @@ class MultiLoRA:
         for m in self.layers:
             for k in self.names:
                 if m.scaling[k] != m0.scaling[k]:
-                    raise ValueError(f"adapter {k!r} has different scalings across layers (rank/alpha patterns)")
+                    raise ValueError(f"adapter {k!r} has different scalings across layers "
+                                     "(rank or alpha patterns)")
         n = len(adapters)
         state = {"n": n, "mask": self._mask(adapters, device, dtype),
                  "w": {id(m): self._weights(m, n) for m in self.layers}}
@@ -171,7 +173,7 @@ class MultiLoRA:
         h = torch.bmm(x3, A) * st["mask"]
         r3 = result if result.dim() == 3 else result.reshape(shape[0], -1, result.shape[-1])
         if r3.dtype == B.dtype:
-            out = torch.baddbmm(r3, h, B)
-        else:  # e.g. a bfloat16 base with float32 adapters: LoRA in float32, added in the base's dtype (as peft)
+            out = r3.baddbmm_(h, B)  # in place: the base output is a fresh tensor nothing else holds
+        else:  # a bfloat16 base, float32 adapters: LoRA in float32, added in the base's dtype (as peft)
             out = r3 + torch.bmm(h, B).to(r3.dtype)
         return out if out.shape == result.shape else out.reshape(result.shape)
