@@ -312,3 +312,21 @@ def test_shared_prompt_scoring_equals_full_forward():
     for a, b in zip(res[True][1], res[False][1]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert max(g.abs().max() for g in res[False][1]) > 1e-3  # the gradients compared are not all zero
+
+
+def test_loading_draws_no_progress_bars(capfd):
+    """Inside load_base the GGUF de-quantizing bar (tqdm used directly by transformers) and
+    transformers' own bars are off; afterwards both are as before."""
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    from mcpg.grpo.models import _quiet_loading
+
+    gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    before = gguf.tqdm
+    with _quiet_loading():
+        list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        assert not hf_logging.is_progress_bar_enabled()
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled()

@@ -83,6 +83,8 @@ DEFAULTS: dict = {
     "checkpoint_every": 1,       # write the resumable checkpoint every n updates
     "progress": True,            # tqdm bars on rollouts and updates
     "threads": 0,                # torch CPU threads the command line sets; 0: torch's default (one per core)
+    "gradient_checkpointing": True,  # scoring keeps only each layer's input for backward (less memory)
+    "logprob_chunk": 512,        # tokens per chunk of output head + log-softmax in scoring; 0: all at once
 }
 
 CONFIGS: dict[str, dict] = {
@@ -148,6 +150,10 @@ def check_config(cfg: dict) -> dict:
                 "router_replay"):
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
+    _positive_int(cfg, "logprob_chunk", allow_zero=True)
+    if not isinstance(cfg["gradient_checkpointing"], bool):
+        raise ValueError("config key 'gradient_checkpointing' must be true or false, "
+                         f"got {cfg['gradient_checkpointing']!r}")
     if cfg["completions_per_agent"] < 2:
         raise ValueError("config key 'completions_per_agent' must be at least 2 (a GRPO group)")
     for key in ("learning_rate", "router_lr", "router_tau"):

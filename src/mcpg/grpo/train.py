@@ -123,21 +123,11 @@ from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config
 from .gsm8k import load_gsm8k, question_specialty, reward
-from .objective import SIGNALS, clipped_grpo_loss, credit, group_standardize
+from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
 from .router import CandidateFeatures, Router
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
 
-EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
-
-
-def _advantages(scores: np.ndarray, scale_rewards: str, eps: float) -> np.ndarray:
-    """Group-relative advantages over the m completions (axis 1 of (B, m, K)), as TRL's
-    ``scale_rewards``: ``group`` divides the centred scores by the group's std + eps, ``none``
-    only centres them."""
-    if scale_rewards == "none":
-        return scores - scores.mean(axis=1, keepdims=True)
-    return group_standardize(scores, eps=eps, axis=1)
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
@@ -203,7 +193,9 @@ class Engine:
         self.agents = [AgentSpec(**a) for a in cfg["agents"]]
         self.K = len(self.agents)
         self.pool = AgentPool(model, tok, self.agents, lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"],
-                              target_modules=cfg["lora_target_modules"], seed=seed, instruction=cfg["instruction"])
+                              target_modules=cfg["lora_target_modules"], seed=seed, instruction=cfg["instruction"],
+                              gradient_checkpointing=cfg["gradient_checkpointing"],
+                              logprob_chunk=cfg["logprob_chunk"])
         self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -272,13 +264,12 @@ class Engine:
         feats = self._slate_features(questions, roll.texts, roll.truncated.tolist(), m)
         route = self.router.route(feats)
         p, P, mu = route["p"], route["P"], route["mu_hat"]
-        I = routing.sample_selection(p, self.select_rng)
-        G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
 
-        # 4-5. credit and per-agent group standardisation
-        scores = credit(self.signal, I, G, p, P, mu, rewards_all=R)
-        adv = _advantages(scores, cfg["scale_rewards"], cfg["advantage_eps"])  # (B, m, K): group = m
-        adv_rows = torch.as_tensor(adv.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
+        # 4-5. draw I ~ p, feed back G = R^(I), credit, per-agent group advantages (group = m)
+        rc = route_and_credit(self.signal, p, P, mu, R, self.select_rng, scale_rewards=cfg["scale_rewards"],
+                              advantage_eps=cfg["advantage_eps"])
+        I, G, scores = rc.I, rc.G, rc.scores  # noqa: E741 (the paper's name)
+        adv_rows = torch.as_tensor(rc.advantages.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
 
         # 6. actor update
         losses, clip_fraction = self._actor_update(roll, adv_rows)
@@ -311,8 +302,8 @@ class Engine:
             "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
             "spec": spec_hits, "len": mask_len.tolist(), "trunc": roll.truncated.double().tolist(),
             "score": scores.reshape(-1, K).tolist(),
-            "zero_std": (np.ptp(scores, axis=1) == 0).reshape(-1, K).tolist(),  # (B, K) groups
-            "zero_std_reward": (np.ptp(R, axis=1) == 0).reshape(-1, K).tolist(),
+            "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
+            "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
             "p": p.reshape(-1, K).tolist(), "P": P.reshape(-1, K, K).tolist(), "mu_hat": mu.reshape(-1, K).tolist(),
         }]
         st = self.dist.gather(local_stats)
