@@ -35,10 +35,15 @@ JOBS = {
     "control": [("wta", 0, "control")],
     # wta and removal on 3 seeds each, the full-feedback oracle on 1; interleaved so that a
     # partial recording still pairs the two signals seed by seed
-    "compare": [("wta", 0, "compare/wta/seed0"), ("removal", 0, "compare/removal/seed0"),
-                ("oracle", 0, "compare/oracle/seed0"),
-                ("wta", 1, "compare/wta/seed1"), ("removal", 1, "compare/removal/seed1"),
-                ("wta", 2, "compare/wta/seed2"), ("removal", 2, "compare/removal/seed2")],
+    "compare": [
+        ("wta", 0, "compare/wta/seed0"),
+        ("removal", 0, "compare/removal/seed0"),
+        ("oracle", 0, "compare/oracle/seed0"),
+        ("wta", 1, "compare/wta/seed1"),
+        ("removal", 1, "compare/removal/seed1"),
+        ("wta", 2, "compare/wta/seed2"),
+        ("removal", 2, "compare/removal/seed2"),
+    ],
 }
 
 
@@ -52,18 +57,38 @@ def _machine() -> dict:
 
     cpu = "unknown"
     if Path("/proc/cpuinfo").exists():
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
-    return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "load_average": os.getloadavg()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average": os.getloadavg(),
+    }
 
 
 def _command(what: str, signal: str, seed: int, run: Path) -> list[str]:
     """The train command; the config is ``data/configs/ch08-<what>.json`` with ``seed`` set."""
-    cmd = [sys.executable, "-W", "ignore", "-m", "mcpg.grpo", "train", "--signal", signal, "--output", str(run),
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        "mcpg.grpo",
+        "train",
+        "--signal",
+        signal,
+        "--output",
+        str(run),
+        "--no-progress",
+    ]
     if (run / "config.json").exists():
         return cmd + ["--resume"]
     spec = json.loads((ROOT / "data" / "configs" / f"ch08-{what}.json").read_text())
@@ -76,8 +101,11 @@ def _times(path: Path) -> dict:
     """CPU seconds and peak memory from ``/usr/bin/time -v``'s report (empty without it)."""
     if not path.exists():
         return {}
-    keys = {"User time (seconds)": "user_s", "System time (seconds)": "system_s",
-            "Maximum resident set size (kbytes)": "max_rss_kb"}
+    keys = {
+        "User time (seconds)": "user_s",
+        "System time (seconds)": "system_s",
+        "Maximum resident set size (kbytes)": "max_rss_kb",
+    }
     out = {}
     for ln in path.read_text().splitlines():
         k, _, v = ln.strip().partition(": ")
@@ -86,8 +114,9 @@ def _times(path: Path) -> dict:
     return out
 
 
-def _record(what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str,
-            wall: float) -> None:
+def _record(
+    what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float
+) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -100,8 +129,11 @@ def _record(what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[
         "config": f"data/configs/ch08-{what}.json",
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "started": started, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seed": seed, "wall_s": round(wall), **_times(run.with_suffix(".time")),
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seed": seed,
+        "wall_s": round(wall),
+        **_times(run.with_suffix(".time")),
         "note": "wall and CPU time of this call (a resumed run counts its last call only); one torch thread",
         "machine": _machine(),
         "copied": list(COPIED) + ["(not the adapter or router weights)"],
@@ -126,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd = _command(a.what, signal, seed, run)
             log = open(run.with_suffix(".log"), "a")
             started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            timer = ["/usr/bin/time", "-v", "-o", str(run.with_suffix(".time"))] if Path("/usr/bin/time").exists() else []
+            timer = (
+                ["/usr/bin/time", "-v", "-o", str(run.with_suffix(".time"))]
+                if Path("/usr/bin/time").exists()
+                else []
+            )
             proc = subprocess.Popen(timer + cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             running.append((proc, signal, seed, rel, run, cmd, started, time.time()))
             print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)

@@ -36,11 +36,13 @@ __all__ = ["DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "check_con
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
-     "role": "You are a careful solver who specialises in problems about money: prices, costs, wages and change."},
+     "role": ("You are a careful solver who specialises in problems about"
+               " money: prices, costs, wages and change.")},
     {"name": "time", "specialty": "time", "temperature": 0.9,
      "role": "You are a careful solver who specialises in problems about time, rates, schedules and ages."},
     {"name": "geometry", "specialty": "geometry", "temperature": 1.1,
-     "role": "You are a careful solver who specialises in problems about lengths, areas, distances and shapes."},
+     "role": ("You are a careful solver who specialises in problems about"
+               " lengths, areas, distances and shapes.")},
 ]
 
 DEFAULTS: dict = {
@@ -137,7 +139,8 @@ def _positive_int(cfg, key, allow_none=False, allow_zero=False):
     if v is None and allow_none:
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
-        raise ValueError(f"config key {key!r} must be a {'non-negative' if allow_zero else 'positive'} integer"
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"config key {key!r} must be a {kind} integer"
                          f"{' or null' if allow_none else ''}, got {v!r}")
 
 
@@ -152,8 +155,8 @@ def check_config(cfg: dict) -> dict:
         _positive_int(cfg, key)
     for key in ("train_problems", "eval_problems"):
         _positive_int(cfg, key, allow_none=True)
-    for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed", "data_seed",
-                "router_replay"):
+    for key in ("generation_batch_size", "train_micro_batch", "eval_every", "router_steps", "seed",
+                "data_seed", "router_replay"):
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
     _positive_int(cfg, "logprob_chunk", allow_zero=True)
@@ -169,16 +172,19 @@ def check_config(cfg: dict) -> dict:
         if not isinstance(cfg[key], (int, float)) or not cfg[key] >= 0:
             raise ValueError(f"config key {key!r} must be a non-negative number, got {cfg[key]!r}")
     if not isinstance(cfg["router_eps"], (int, float)) or not 0 < cfg["router_eps"] <= 1:
-        raise ValueError(f"config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), got {cfg['router_eps']!r}")
+        raise ValueError("config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), "
+                         f"got {cfg['router_eps']!r}")
     if cfg["task"] not in ("gsm8k", "arithmetic"):
         raise ValueError(f"config key 'task' must be 'gsm8k' or 'arithmetic', got {cfg['task']!r}")
     if cfg["scale_rewards"] not in ("group", "none"):
-        raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', got {cfg['scale_rewards']!r}")
+        raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', "
+                         f"got {cfg['scale_rewards']!r}")
     _positive_int(cfg, "eval_batch_size")
     if cfg["instruction"] is not None and not isinstance(cfg["instruction"], str):
         raise ValueError(f"config key 'instruction' must be a string or null, got {cfg['instruction']!r}")
     if cfg["dtype"] not in ("float32", "bfloat16", "float16", "auto"):
-        raise ValueError(f"config key 'dtype' must be float32, bfloat16, float16 or auto, got {cfg['dtype']!r}")
+        raise ValueError("config key 'dtype' must be float32, bfloat16, float16 or auto, "
+                         f"got {cfg['dtype']!r}")
     if cfg["device"] not in ("auto", "cpu", "cuda"):
         raise ValueError(f"config key 'device' must be auto, cpu or cuda, got {cfg['device']!r}")
     from .objective import LOSS_TYPES
@@ -191,7 +197,8 @@ def check_config(cfg: dict) -> dict:
     for a in agents:
         extra = set(a) - {"name", "role", "temperature", "specialty"}
         if extra or "name" not in a or "role" not in a:
-            raise ValueError(f"config key 'agents': each agent has name, role, temperature, specialty; got {a}")
+            raise ValueError("config key 'agents': each agent has name, role, temperature, specialty; "
+                             f"got {a}")
     return cfg
 
 
@@ -204,7 +211,8 @@ def resolve_config(name_or_path: str | dict, **overrides) -> dict:
     else:
         path = Path(name_or_path)
         if not path.is_file():
-            raise ValueError(f"config {name_or_path!r} is neither a named config {sorted(CONFIGS)} nor a JSON file")
+            raise ValueError(f"config {name_or_path!r} is neither a named config {sorted(CONFIGS)} "
+                             "nor a JSON file")
         spec = json.loads(path.read_text())
         if not isinstance(spec, dict):
             raise ValueError(f"config file {path} must hold a JSON object")

@@ -129,7 +129,6 @@ from .router import CandidateFeatures, Router
 __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
 
 
-
 def _load_split(cfg: dict, split: str) -> list[dict]:
     """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
     or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``)."""
@@ -182,29 +181,48 @@ class Engine:
         self.train_set = _load_split(cfg, "train") if load_train else []
         self.eval_set = _load_split(cfg, "test")
         if load_train and cfg["prompts_per_update"] > len(self.train_set):
-            raise ValueError(f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
-                             f"{len(self.train_set)} training problems")
+            raise ValueError(
+                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
+                f"{len(self.train_set)} training problems"
+            )
         if cfg["prompts_per_update"] % self.dist.world:
-            raise ValueError(f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) must be a multiple "
-                             f"of the number of processes ({self.dist.world})")
+            raise ValueError(
+                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) must be a multiple "
+                f"of the number of processes ({self.dist.world})"
+            )
 
-        model, tok, self.model_source = load_base(cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device),
-                                                  seed=seed)
+        model, tok, self.model_source = load_base(
+            cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device), seed=seed
+        )
         self.agents = [AgentSpec(**a) for a in cfg["agents"]]
         self.K = len(self.agents)
-        self.pool = AgentPool(model, tok, self.agents, lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"],
-                              target_modules=cfg["lora_target_modules"], seed=seed, instruction=cfg["instruction"],
-                              gradient_checkpointing=cfg["gradient_checkpointing"],
-                              logprob_chunk=cfg["logprob_chunk"])
+        self.pool = AgentPool(
+            model,
+            tok,
+            self.agents,
+            lora_r=cfg["lora_r"],
+            lora_alpha=cfg["lora_alpha"],
+            target_modules=cfg["lora_target_modules"],
+            seed=seed,
+            instruction=cfg["instruction"],
+            gradient_checkpointing=cfg["gradient_checkpointing"],
+            logprob_chunk=cfg["logprob_chunk"],
+        )
         self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.router = Router(self.features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"])
+            self.router = Router(
+                self.features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"]
+            )
         self.optimizer = torch.optim.AdamW(
             [{"params": self.pool.adapter_params(a.name), "name": a.name} for a in self.agents],
-            lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
+            lr=cfg["learning_rate"],
+            weight_decay=cfg["weight_decay"],
+        )
         self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg["router_lr"])
-        self.replay: list[dict[str, torch.Tensor]] = []  # logged slates of earlier updates (the router's data)
+        self.replay: list[
+            dict[str, torch.Tensor]
+        ] = []  # logged slates of earlier updates (the router's data)
         self.step = 0
 
     # -- rollout ---------------------------------------------------------------------------
@@ -240,7 +258,7 @@ class Engine:
         cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
         t0 = time.perf_counter()
         chosen = self.data_rng.choice(len(self.train_set), size=cfg["prompts_per_update"], replace=False)
-        local = chosen[self.dist.rank::self.dist.world]
+        local = chosen[self.dist.rank :: self.dist.world]
         problems = [self.train_set[i] for i in local]
         questions = [p["question"] for p in problems]
         B = len(problems)
@@ -249,15 +267,27 @@ class Engine:
         prompts, adapters, temps, _ = self._rows(questions, m)
         bs = cfg["generation_batch_size"] or len(prompts)
         steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
-        with tqdm(total=steps, desc=f"rollout {self.step + 1} ({len(prompts)} completions)", unit="tok",
-                  leave=False, disable=not (progress and self.dist.main)) as bar:
-            roll = self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
-                                      batch_size=cfg["generation_batch_size"] or None, progress=bar)
+        with tqdm(
+            total=steps,
+            desc=f"rollout {self.step + 1} ({len(prompts)} completions)",
+            unit="tok",
+            leave=False,
+            disable=not (progress and self.dist.main),
+        ) as bar:
+            roll = self.pool.generate(
+                prompts,
+                adapters,
+                temps,
+                cfg["max_new_tokens"],
+                batch_size=cfg["generation_batch_size"] or None,
+                progress=bar,
+            )
         t_gen = time.perf_counter()
 
         # 2. rewards R^(j), slate layout (B, m, K)
-        R_rows = np.array([reward(t, p["gold"]) for p, t in zip(
-            [p for p in problems for _ in range(K * m)], roll.texts)])
+        R_rows = np.array(
+            [reward(t, p["gold"]) for p, t in zip([p for p in problems for _ in range(K * m)], roll.texts)]
+        )
         R = R_rows.reshape(B, K, m).transpose(0, 2, 1)
 
         # 3. routing with the current (fixed) router; only G = R^(I) is fed back
@@ -266,8 +296,16 @@ class Engine:
         p, P, mu = route["p"], route["P"], route["mu_hat"]
 
         # 4-5. draw I ~ p, feed back G = R^(I), credit, per-agent group advantages (group = m)
-        rc = route_and_credit(self.signal, p, P, mu, R, self.select_rng, scale_rewards=cfg["scale_rewards"],
-                              advantage_eps=cfg["advantage_eps"])
+        rc = route_and_credit(
+            self.signal,
+            p,
+            P,
+            mu,
+            R,
+            self.select_rng,
+            scale_rewards=cfg["scale_rewards"],
+            advantage_eps=cfg["advantage_eps"],
+        )
         I, G, scores = rc.I, rc.G, rc.scores  # noqa: E741 (the paper's name)
         adv_rows = torch.as_tensor(rc.advantages.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
 
@@ -277,17 +315,25 @@ class Engine:
 
         # 7. router update on the logged selected feedback of this and earlier rollouts (all
         #    processes' data); the router that scored this rollout was fitted on earlier data only
-        self.replay.append({
-            "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
-            "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
-            "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
-            "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
-        })
+        self.replay.append(
+            {
+                "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
+                "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
+                "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
+                "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
+            }
+        )
         if cfg["router_replay"]:
-            self.replay = self.replay[-cfg["router_replay"]:]
+            self.replay = self.replay[-cfg["router_replay"] :]
         logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
-        router_loss = self.router.fit(logged["features"], logged["selected"].numpy(), logged["reward"].numpy(),
-                                      logged["p"].numpy(), self.router_optimizer, steps=cfg["router_steps"])
+        router_loss = self.router.fit(
+            logged["features"],
+            logged["selected"].numpy(),
+            logged["reward"].numpy(),
+            logged["p"].numpy(),
+            self.router_optimizer,
+            steps=cfg["router_steps"],
+        )
         self.step += 1
         self._check_in_sync()
 
@@ -296,16 +342,24 @@ class Engine:
         matched = [spec_idx.get(question_specialty(q)) for q in questions]
         spec_hits = [int(I[b, g] == matched[b]) for b in range(B) for g in range(m) if matched[b] is not None]
         mask_len = roll.completion_mask.sum(1).double().numpy()
-        local_stats = [{
-            "R": R.reshape(-1, K).tolist(), "G": G.reshape(-1).tolist(), "I": I.reshape(-1).tolist(),
-            "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
-            "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
-            "spec": spec_hits, "len": mask_len.tolist(), "trunc": roll.truncated.double().tolist(),
-            "score": scores.reshape(-1, K).tolist(),
-            "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
-            "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
-            "p": p.reshape(-1, K).tolist(), "P": P.reshape(-1, K, K).tolist(), "mu_hat": mu.reshape(-1, K).tolist(),
-        }]
+        local_stats = [
+            {
+                "R": R.reshape(-1, K).tolist(),
+                "G": G.reshape(-1).tolist(),
+                "I": I.reshape(-1).tolist(),
+                "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
+                "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
+                "spec": spec_hits,
+                "len": mask_len.tolist(),
+                "trunc": roll.truncated.double().tolist(),
+                "score": scores.reshape(-1, K).tolist(),
+                "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
+                "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
+                "p": p.reshape(-1, K).tolist(),
+                "P": P.reshape(-1, K, K).tolist(),
+                "mu_hat": mu.reshape(-1, K).tolist(),
+            }
+        ]
         st = self.dist.gather(local_stats)
         cat = {k: sum((s[k] for s in st), []) for k in st[0]}
         Rall, Iall = np.array(cat["R"]), np.array(cat["I"])
@@ -399,11 +453,22 @@ class Engine:
                     if sel.numel() == 0:
                         continue
                     mk = mask[sel]
-                    lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv_rows[c][a_rows == k].to(logp.device), mk,
-                                           clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
-                                           loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"])
+                    lk = clipped_grpo_loss(
+                        logp[sel],
+                        logp_old[sel],
+                        adv_rows[c][a_rows == k].to(logp.device),
+                        mk,
+                        clip_eps=cfg["clip_eps"],
+                        clip_eps_high=cfg["clip_eps_high"],
+                        loss_type=cfg["loss_type"],
+                        max_completion_length=cfg["max_new_tokens"],
+                    )
                     # rescale this chunk's share to the agent's global normaliser (exact micro-batching)
-                    share = (mk.sum().clamp(min=1.0) / tokens[k].clamp(min=1.0)) if by_tokens else (sel.numel() / seqs[k])
+                    share = (
+                        (mk.sum().clamp(min=1.0) / tokens[k].clamp(min=1.0))
+                        if by_tokens
+                        else (sel.numel() / seqs[k])
+                    )
                     lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
                     total = total + lk
                     agent_loss[k] += float(lk.detach())
@@ -439,7 +504,9 @@ class Engine:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
             torch.save(self.replay, tmp / "router_replay.pt")
-            write_json(tmp / "state.json", {"step": self.step, "signal": self.signal, "world": self.dist.world})
+            write_json(
+                tmp / "state.json", {"step": self.step, "signal": self.signal, "world": self.dist.world}
+            )
         self.dist.barrier()
         torch.save(rank_state, tmp / f"rng_rank{self.dist.rank}.pt")
         self.dist.barrier()
@@ -455,16 +522,21 @@ class Engine:
     def load_checkpoint(self, folder: Path) -> None:
         state = json.loads((folder / "state.json").read_text())
         if state["world"] != self.dist.world:
-            raise ValueError(f"checkpoint {folder} was written by {state['world']} processes, "
-                             f"resume with the same number (now {self.dist.world})")
+            raise ValueError(
+                f"checkpoint {folder} was written by {state['world']} processes, "
+                f"resume with the same number (now {self.dist.world})"
+            )
         self.pool.load_adapters(folder / "adapters")
         self.router.load(folder / "router.safetensors")
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
         if (folder / "router_replay.pt").exists():
             self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
-        set_rng_state(torch.load(folder / f"rng_rank{self.dist.rank}.pt", weights_only=True),
-                       self.data_rng, self.select_rng)
+        set_rng_state(
+            torch.load(folder / f"rng_rank{self.dist.rank}.pt", weights_only=True),
+            self.data_rng,
+            self.select_rng,
+        )
         self.step = int(state["step"])
 
 
@@ -482,16 +554,22 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     from tqdm.auto import tqdm
 
     cfg, K, dist = engine.cfg, engine.K, engine.dist
-    problems = engine.eval_set[dist.rank::dist.world]
+    problems = engine.eval_set[dist.rank :: dist.world]
     questions = [p["question"] for p in problems]
     with_base = base is None  # the frozen model never changes: an earlier evaluation's base is reused
     prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=with_base)
     bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
     steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
-    with tqdm(total=steps, desc=f"evaluate ({len(prompts)} greedy answers)", unit="tok", leave=False,
-              disable=not (progress and dist.main)) as bar:
-        roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
-                                    batch_size=bs, progress=bar)
+    with tqdm(
+        total=steps,
+        desc=f"evaluate ({len(prompts)} greedy answers)",
+        unit="tok",
+        leave=False,
+        disable=not (progress and dist.main),
+    ) as bar:
+        roll = engine.pool.generate(
+            prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True, batch_size=bs, progress=bar
+        )
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     per_problem = []
     for b, prob in enumerate(problems):
@@ -502,10 +580,16 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
         rt = engine.router.route(f)
         d = int(np.argmax(rt["scores"]))
-        per_problem.append({
-            "R": R[:K], "base": R[K] if with_base else None, "deployed": d, "entropy": float(routing.routing_entropy(rt["p"])),
-            "brier": float((rt["mu_hat"][d] - R[d]) ** 2), "matched": spec_idx.get(question_specialty(prob["question"])),
-        })
+        per_problem.append(
+            {
+                "R": R[:K],
+                "base": R[K] if with_base else None,
+                "deployed": d,
+                "entropy": float(routing.routing_entropy(rt["p"])),
+                "brier": float((rt["mu_hat"][d] - R[d]) ** 2),
+                "matched": spec_idx.get(question_specialty(prob["question"])),
+            }
+        )
     allp = dist.gather(per_problem)
     Rm = np.array([x["R"] for x in allp], dtype=float)
     dep = np.array([x["deployed"] for x in allp])
@@ -536,13 +620,22 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
 def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step]
+    rows = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step
+    ]
     path.write_text("".join(r + "\n" for r in rows))
 
 
-def train(config: str | dict, signal: str, output: str | os.PathLike, updates: int | None = None,
-          resume: bool = False, stop_after: int | None = None, progress: bool | None = None,
-          **overrides) -> dict | None:
+def train(
+    config: str | dict,
+    signal: str,
+    output: str | os.PathLike,
+    updates: int | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool | None = None,
+    **overrides,
+) -> dict | None:
     """Train K routed agents with one credit signal; write the run directory; return eval.json.
 
     Args:
@@ -593,8 +686,10 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
             _truncate_metrics(out / "slates.jsonl", engine.step)
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(cfg_path, {"config": cfg, "signal": signal, "model_source": engine.model_source,
-                               "processes": dist.world})
+        write_json(
+            cfg_path,
+            {"config": cfg, "signal": signal, "model_source": engine.model_source, "processes": dist.world},
+        )
     dist.barrier()
 
     from tqdm.auto import tqdm
@@ -611,8 +706,13 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
         dist.barrier()
 
     start = engine.step
-    with tqdm(total=cfg["updates"], initial=start, desc=f"GRPO {signal}", unit="update",
-              disable=not (show and dist.main)) as bar:
+    with tqdm(
+        total=cfg["updates"],
+        initial=start,
+        desc=f"GRPO {signal}",
+        unit="update",
+        disable=not (show and dist.main),
+    ) as bar:
         while engine.step < cfg["updates"]:
             if stop_after is not None and engine.step - start >= stop_after:
                 return None
@@ -623,14 +723,20 @@ def train(config: str | dict, signal: str, output: str | os.PathLike, updates: i
                 with open(out / "metrics.jsonl", "a") as fh:
                     fh.write(json.dumps(row, default=json_default) + "\n")
                 with open(out / "slates.jsonl", "a") as fh:
-                    fh.write(json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n")
+                    fh.write(
+                        json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n"
+                    )
             if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
                 engine.save_checkpoint(out / "checkpoint")
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
 
-    result = {**engine.evaluate(progress=show, base=initial), **_initial_keys(initial), "signal": signal,
-              "updates": engine.step}
+    result = {
+        **engine.evaluate(progress=show, base=initial),
+        **_initial_keys(initial),
+        "signal": signal,
+        "updates": engine.step,
+    }
     if dist.main:
         engine.pool.save_adapters(out / "adapters")
         engine.router.save(out / "router.safetensors")
@@ -643,9 +749,12 @@ def _initial_keys(initial: dict | None) -> dict:
     """eval.json's keys from the evaluation of the untrained pool (None when it was not run)."""
     if initial is None:
         return {}
-    return {"initial_accuracy": initial["accuracy"], "initial_correct": initial["correct"],
-            "initial_agent_accuracy": initial["agent_accuracy"],
-            "initial_deployed_fraction": initial["deployed_fraction"]}
+    return {
+        "initial_accuracy": initial["accuracy"],
+        "initial_correct": initial["correct"],
+        "initial_agent_accuracy": initial["agent_accuracy"],
+        "initial_deployed_fraction": initial["deployed_fraction"],
+    }
 
 
 def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
