@@ -330,3 +330,22 @@ def test_loading_draws_no_progress_bars(capfd):
         assert not hf_logging.is_progress_bar_enabled()
     assert "de-quantizing" not in capfd.readouterr().err
     assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled()
+
+
+def test_config_is_a_frozen_checked_dataclass_that_reads_like_a_dict():
+    from dataclasses import FrozenInstanceError, fields
+
+    from mcpg.grpo.configs import GRPOConfig
+
+    cfg = resolve_config("control")
+    assert isinstance(cfg, GRPOConfig) and cfg["updates"] == cfg.updates == 24
+    assert dict(cfg) == cfg.to_dict() and set(cfg) == set(DEFAULTS)
+    with pytest.raises(FrozenInstanceError):
+        cfg.updates = 3
+    assert cfg.replace(updates=3).updates == 3 and cfg.updates == 24
+    with pytest.raises(ValueError, match="updates"):
+        cfg.replace(updates=0)
+    with pytest.raises(ValueError, match="unknown config keys"):
+        cfg.replace(bogus=1)
+    assert resolve_config(json.loads(json.dumps(cfg.to_dict()))) == cfg  # config.json round trip
+    assert all(GRPOConfig.__dataclass_fields__[f.name] for f in fields(GRPOConfig))

@@ -1,6 +1,5 @@
 """mcpg.grpo end to end on a tiny random model on the CPU: train, evaluate, resume, bad input."""
 
-import copy
 import json
 import os
 import subprocess
@@ -123,9 +122,7 @@ def test_micro_batches_give_the_same_update():
     cfg = resolve_config("tiny-random")
     results = []
     for mb in (0, 5):
-        c = copy.deepcopy(cfg)
-        c["train_micro_batch"] = mb
-        eng = Engine(c, "removal")
+        eng = Engine(cfg.replace(train_micro_batch=mb), "removal")
         eng.update()
         results.append({n: eng.pool.adapter_state(n) for n in eng.pool.names})
     for n in results[0]:

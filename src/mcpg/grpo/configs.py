@@ -1,7 +1,8 @@
 """Named configurations of the GRPO engine, and how a config is resolved and checked.
 
-A config is a flat dict; ``DEFAULTS`` lists every key with its meaning. Named configs
-override a few of them:
+A config is one frozen dataclass, :class:`GRPOConfig`: every key with its meaning, checked
+when the config is made, read like a dict (``cfg["updates"]``). Named configs override a few
+of its defaults:
 
 - ``tiny-random``: a random 2-layer Llama over a byte tokenizer (:mod:`mcpg.grpo.models`);
   seconds on a CPU; the tests use it. Learns nothing; runs every code path.
@@ -29,10 +30,13 @@ A JSON file may name a config by path instead: ``{"base": "colab", "updates": 20
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "check_config"]
+__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "check_config"]
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
@@ -45,55 +49,136 @@ DEFAULT_AGENTS = [
                " lengths, areas, distances and shapes.")},
 ]
 
-DEFAULTS: dict = {
-    "name": "custom",            # a label, written into the run directory
-    "model": "smollm2-135m",     # model spec of mcpg.grpo.models.load_base
-    "dtype": "float32",          # float32 | bfloat16 | float16 | auto
-    "device": "auto",            # auto (cuda when available) | cpu | cuda
-    "seed": 0,                   # seeds sampling, routing draws, router init and LoRA init
-    "agents": DEFAULT_AGENTS,    # K agents: name, role prompt, sampling temperature, specialty
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "lora_target_modules": "all-linear",
-    "task": "gsm8k",             # gsm8k | arithmetic (chapter 8's CPU-size task, generated in memory)
-    "data_dir": None,            # local GSM8K folder; None: $MCPG_GSM8K_DIR, else the hub
-    "data_seed": 0,              # draws the training and held-out subsets
-    "train_problems": 512,       # None: the whole training split
-    "eval_problems": 128,        # held-out problems from the test split; None: all
-    "updates": 150,              # actor updates; each uses a fresh on-policy rollout
-    "prompts_per_update": 8,     # GSM8K problems per rollout
-    "completions_per_agent": 4,  # m: completions per agent per prompt (the GRPO group)
-    "max_new_tokens": 256,       # completion length limit in training rollouts
-    "eval_max_new_tokens": 256,  # and in evaluation (greedy)
-    "generation_batch_size": 0,  # rows per generate call; 0: the whole rollout at once
-    "train_micro_batch": 0,      # rows per forward/backward in the update; 0: all at once
-    "learning_rate": 5e-5,       # AdamW on the LoRA parameters
-    "weight_decay": 0.0,
-    "max_grad_norm": 1.0,        # clipped per agent; 0 or None: no clipping
-    "clip_eps": 0.2,             # TRL epsilon
-    "clip_eps_high": None,       # TRL epsilon_high (None: = clip_eps)
-    "loss_type": "dapo",         # TRL loss_type: dapo (TRL default) | bnpo | grpo | dr_grpo
-    "num_iterations": 1,         # TRL num_iterations (mu): optimizer steps per rollout
-    "advantage_eps": 1e-4,       # added to the group standard deviation (TRL's default)
-    "scale_rewards": "group",    # TRL scale_rewards: group (divide by the group's std) | none (centred only)
-    "router_tau": 1.0,           # Eq. (3) temperature
-    "router_eps": 0.1,           # Eq. (3) uniform exploration (overlap for Eq. 19)
-    "router_hidden": 64,
-    "router_lr": 1e-2,
-    "router_steps": 20,          # full-batch IPW cross-entropy steps after each actor update
-    "router_replay": 0,          # the router learns from the slates of the last n updates (0: all so far)
-    "question_features": 128,    # hashed bag-of-words buckets for the question
-    "candidate_features": 256,   # and for the candidate
-    "eval_initial": True,        # evaluate the untrained pool before the first update
-    "eval_batch_size": 64,       # rows per generate call in evaluation (bounded memory on any split)
-    "instruction": None,         # appended to each agent's role; None: mcpg.grpo.agents.INSTRUCTION
-    "eval_every": 0,             # evaluate every n updates during training (0: only at the end)
-    "checkpoint_every": 1,       # write the resumable checkpoint every n updates
-    "progress": True,            # tqdm bars on rollouts and updates
-    "threads": 0,                # torch CPU threads the command line sets; 0: torch's default (one per core)
-    "gradient_checkpointing": True,  # scoring keeps only each layer's input for backward (less memory)
-    "logprob_chunk": 512,        # tokens per chunk of output head + log-softmax in scoring; 0: all at once
-}
+@dataclass(frozen=True)
+class GRPOConfig(Mapping):
+    """One run's configuration: every field with its meaning, checked when it is made.
+
+    Frozen (use :meth:`replace` for a changed copy); it reads like the flat dict it replaces
+    (``cfg["updates"]``, ``dict(cfg)``, ``{**cfg}``), and ``config.json`` is :meth:`to_dict`.
+    A bad value raises a ValueError naming its key.
+    """
+
+    name: str = "custom"
+    """a label, written into the run directory."""
+    model: str = "smollm2-135m"
+    """model spec of mcpg.grpo.models.load_base."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16 | auto."""
+    device: str = "auto"
+    """auto (cuda when available) | cpu | cuda."""
+    seed: int = 0
+    """seeds sampling, routing draws, router init and LoRA init."""
+    agents: list[dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENTS))
+    """K agents: name, role prompt, sampling temperature, specialty."""
+    lora_r: int = 8
+    """LoRA rank of every adapter."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """the modules each adapter adapts (peft's target_modules)."""
+    task: str = "gsm8k"
+    """gsm8k | arithmetic (chapter 8's CPU-size task, generated in memory)."""
+    data_dir: str | None = None
+    """local GSM8K folder; None: $MCPG_GSM8K_DIR, else the hub."""
+    data_seed: int = 0
+    """draws the training and held-out subsets."""
+    train_problems: int | None = 512
+    """training problems drawn from the training split; None: all of it."""
+    eval_problems: int | None = 128
+    """held-out problems from the test split; None: all."""
+    updates: int = 150
+    """actor updates; each uses a fresh on-policy rollout."""
+    prompts_per_update: int = 8
+    """problems per rollout."""
+    completions_per_agent: int = 4
+    """m: completions per agent per prompt (the GRPO group)."""
+    max_new_tokens: int = 256
+    """completion length limit in training rollouts."""
+    eval_max_new_tokens: int = 256
+    """completion length limit in evaluation (greedy)."""
+    generation_batch_size: int = 0
+    """rows per generate call; 0: the whole rollout at once."""
+    train_micro_batch: int = 0
+    """rows per forward/backward in the update; 0: all at once."""
+    learning_rate: float = 5e-5
+    """AdamW learning rate of the LoRA parameters."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """gradient norm clipped per agent; 0 or None: no clipping."""
+    clip_eps: float = 0.2
+    """TRL epsilon: the PPO clip range."""
+    clip_eps_high: float | None = None
+    """TRL epsilon_high (None: = clip_eps)."""
+    loss_type: str = "dapo"
+    """TRL loss_type: dapo (TRL default) | bnpo | grpo | dr_grpo."""
+    num_iterations: int = 1
+    """TRL num_iterations (mu): optimizer steps per rollout."""
+    advantage_eps: float = 1e-4
+    """added to the group standard deviation (TRL's default 1e-4)."""
+    scale_rewards: str = "group"
+    """TRL scale_rewards: group (divide by the group's std) | none (centred only)."""
+    router_tau: float = 1.0
+    """Eq. (3) temperature."""
+    router_eps: float = 0.1
+    """Eq. (3) uniform exploration (overlap for Eq. 19)."""
+    router_hidden: int = 64
+    """the router's hidden width."""
+    router_lr: float = 1e-2
+    """the router's Adam learning rate."""
+    router_steps: int = 20
+    """full-batch IPW cross-entropy steps after each actor update."""
+    router_replay: int = 0
+    """the router learns from the slates of the last n updates (0: all so far)."""
+    question_features: int = 128
+    """hashed bag-of-words buckets for the question."""
+    candidate_features: int = 256
+    """hashed bag-of-words buckets for the candidate."""
+    eval_initial: bool = True
+    """evaluate the untrained pool before the first update."""
+    eval_batch_size: int = 64
+    """rows per generate call in evaluation (bounded memory on any split)."""
+    instruction: str | None = None
+    """appended to each agent's role; None: mcpg.grpo.agents.INSTRUCTION."""
+    eval_every: int = 0
+    """evaluate every n updates during training (0: only at the end)."""
+    checkpoint_every: int = 1
+    """write the resumable checkpoint every n updates."""
+    progress: bool = True
+    """tqdm bars on rollouts and updates."""
+    threads: int = 0
+    """torch CPU threads the command line sets; 0: torch's default (one per core)."""
+    gradient_checkpointing: bool = True
+    """scoring keeps only each layer's input for backward (less memory)."""
+    logprob_chunk: int = 512
+    """tokens per chunk of output head + log-softmax in scoring; 0: all at once."""
+
+    def __post_init__(self):
+        _check(self)
+
+    # the Mapping interface: a config reads like the flat dict it replaces
+    def __getitem__(self, key: str):
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+    def replace(self, **changes) -> "GRPOConfig":
+        """a checked copy with ``changes`` (unknown keys refused)."""
+        _refuse_unknown(changes)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """a plain dict (what ``config.json`` holds)."""
+        return dataclasses.asdict(self)
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GRPOConfig))
 
 CONFIGS: dict[str, dict] = {
     "tiny-random": {
@@ -144,11 +229,22 @@ def _positive_int(cfg, key, allow_none=False, allow_zero=False):
                          f"{' or null' if allow_none else ''}, got {v!r}")
 
 
-def check_config(cfg: dict) -> dict:
-    """Refuse unknown keys and bad values with a ValueError naming the key; return cfg."""
-    unknown = sorted(set(cfg) - set(DEFAULTS))
+def _refuse_unknown(keys) -> None:
+    unknown = sorted(set(keys) - set(_FIELDS))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(DEFAULTS)}")
+        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(_FIELDS)}")
+
+
+def check_config(cfg) -> GRPOConfig:
+    """Refuse unknown keys and bad values with a ValueError naming the key; return the config."""
+    if isinstance(cfg, GRPOConfig):
+        return cfg
+    _refuse_unknown(cfg)
+    return GRPOConfig(**copy.deepcopy(dict(cfg)))
+
+
+def _check(cfg: GRPOConfig) -> None:
+    """The checks of :class:`GRPOConfig` (a ValueError naming the key)."""
     for key in ("updates", "prompts_per_update", "completions_per_agent", "max_new_tokens",
                 "eval_max_new_tokens", "lora_r", "lora_alpha", "num_iterations", "router_hidden",
                 "question_features", "candidate_features", "checkpoint_every"):
@@ -199,13 +295,16 @@ def check_config(cfg: dict) -> dict:
         if extra or "name" not in a or "role" not in a:
             raise ValueError("config key 'agents': each agent has name, role, temperature, specialty; "
                              f"got {a}")
-    return cfg
 
 
-def resolve_config(name_or_path: str | dict, **overrides) -> dict:
+DEFAULTS: dict = GRPOConfig().to_dict()
+"""Every key with its default (see :class:`GRPOConfig` for the meanings)."""
+
+
+def resolve_config(name_or_path: str | Mapping, **overrides) -> GRPOConfig:
     """The full config: DEFAULTS, then a named config or JSON file (or dict), then ``overrides``."""
-    if isinstance(name_or_path, dict):
-        spec = copy.deepcopy(name_or_path)
+    if isinstance(name_or_path, Mapping):
+        spec = copy.deepcopy(dict(name_or_path))
     elif name_or_path in CONFIGS:
         spec = copy.deepcopy(CONFIGS[name_or_path])
     else:
@@ -221,8 +320,6 @@ def resolve_config(name_or_path: str | dict, **overrides) -> dict:
         if base not in CONFIGS:
             raise ValueError(f"config key 'base' must name one of {sorted(CONFIGS)}, got {base!r}")
         spec = {**copy.deepcopy(CONFIGS[base]), **spec}
-    unknown = sorted(set(spec) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(DEFAULTS)}")
-    cfg = {**copy.deepcopy(DEFAULTS), **spec, **overrides}
-    return check_config(cfg)
+    _refuse_unknown(spec)
+    _refuse_unknown(overrides)
+    return GRPOConfig(**copy.deepcopy({**spec, **overrides}))

@@ -665,7 +665,7 @@ def train(
             raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
         cfg = resolve_config(saved["config"])
         if updates is not None:
-            cfg["updates"] = int(updates)
+            cfg = cfg.replace(updates=int(updates))
     else:
         if ckpt.exists() or (out / "metrics.jsonl").exists():
             raise ValueError(f"output {out} already holds a run: pass resume=True (--resume) or a new output")
@@ -688,7 +688,7 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
         write_json(
             cfg_path,
-            {"config": cfg, "signal": signal, "model_source": engine.model_source, "processes": dist.world},
+            {"config": cfg.to_dict(), "signal": signal, "model_source": engine.model_source, "processes": dist.world},
         )
     dist.barrier()
 
