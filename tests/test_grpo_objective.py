@@ -1,4 +1,5 @@
-"""mcpg.grpo.objective: credit signals, group standardisation and the clipped loss, against hand computations."""
+"""mcpg.grpo.objective: credit signals, group standardisation and the clipped loss, against hand
+computations."""
 
 import itertools
 
@@ -64,7 +65,7 @@ def test_removal_equals_exact_when_outcome_model_is_exact():
     p, P = _slate(s, eps=0.2)
     R = rng.integers(0, 2, size=(5, 4)).astype(float)
     exact = routing.removal_contributions(R, p, P)
-    for I in range(4):
+    for I in range(4):  # noqa: E741 (the paper's name)
         sel = np.full(5, I)
         got = credit("removal", sel, R[:, I], p, P, mu_hat=R)
         np.testing.assert_allclose(got, exact, atol=1e-12)
@@ -78,7 +79,10 @@ def test_removal_unbiased_by_exact_average_over_selection(eps):
     p, P = _slate(s, eps=eps)
     R = rng.integers(0, 2, size=(3, 3)).astype(float)
     mu_bad = rng.uniform(size=(3, 3))  # deliberately wrong
-    avg = sum(p[:, [I]] * credit("removal", np.full(3, I), R[:, I], p, P, mu_bad) for I in range(3))
+    avg = sum(
+        p[:, [I]] * credit("removal", np.full(3, I), R[:, I], p, P, mu_bad)
+        for I in range(3)  # noqa: E741 (the paper's name)
+    )
     np.testing.assert_allclose(avg, credit("oracle", np.zeros(3, int), R[:, 0], p, P, None, rewards_all=R),
                                atol=1e-12)
     # and a single draw is not the exact value in general (the estimate has variance)
@@ -90,7 +94,7 @@ def test_wta_average_is_not_removal():
     # winner-take-all credits agent i with p_i R_i on average: private utility, not removal
     p, P = _slate([0.0, 2.0, 0.0], eps=0.1)
     R = np.array([1.0, 1.0, 0.0])
-    avg = sum(p[I] * credit("wta", I, R[I], p, P, None) for I in range(3))
+    avg = sum(p[I] * credit("wta", I, R[I], p, P, None) for I in range(3))  # noqa: E741 (the paper's name)
     np.testing.assert_allclose(avg, p * R)
     assert not np.allclose(avg, credit("oracle", 0, 1.0, p, P, None, rewards_all=R))
 
@@ -99,7 +103,8 @@ def test_credit_accepts_torch_and_batch_shapes():
     s = torch.randn(2, 3, 4, dtype=torch.float64)
     p, P = _slate(s.numpy())
     sel = torch.zeros(2, 3, dtype=torch.long)
-    out = credit("removal", sel, torch.ones(2, 3), torch.from_numpy(p), torch.from_numpy(P), torch.full((2, 3, 4), 0.3))
+    mu_hat = torch.full((2, 3, 4), 0.3)
+    out = credit("removal", sel, torch.ones(2, 3), torch.from_numpy(p), torch.from_numpy(P), mu_hat)
     assert isinstance(out, np.ndarray) and out.shape == (2, 3, 4)
 
 

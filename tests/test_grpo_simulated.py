@@ -57,7 +57,8 @@ def test_candidate_features_layout_and_blind_router():
     assert (blind[..., :T * M] == 0).all() and (blind[..., -2] == 0).all()
     # a blind router's score cannot depend on the answer or the check
     w = np.random.default_rng(1).normal(size=CFG.n_features)
-    other = sim.candidate_features(replace(CFG, candidate_blind=True), types, (answers + 1) % M, 1 - checks).numpy()
+    blind_cfg = replace(CFG, candidate_blind=True)
+    other = sim.candidate_features(blind_cfg, types, (answers + 1) % M, 1 - checks).numpy()
     np.testing.assert_allclose(blind @ w, other @ w)
 
 
@@ -69,7 +70,8 @@ def test_calibrated_router_is_the_exact_posterior():
         for a in range(CFG.n_answers):
             q = CFG.answer_probs[t][a]
             for c in (0, 1):
-                x = sim.candidate_features(CFG, np.array([t]), np.array([[a, a, a]]), np.array([[c, c, c]])).numpy()
+                ans, chk = np.array([[a, a, a]]), np.array([[c, c, c]])
+                x = sim.candidate_features(CFG, np.array([t]), ans, chk).numpy()
                 mu = 1 / (1 + np.exp(-(x[0] @ w)))
                 like_right, like_wrong = (1 - f, f) if c else (f, 1 - f)
                 post = q * like_right / (q * like_right + (1 - q) * like_wrong)
@@ -233,7 +235,10 @@ def test_score_spread_explains_standardisation():
     far smaller when the crowd is right than when it is wrong; the estimate of Eq. 19 carries
     selection noise in both cases, so its ratio is smaller."""
     df = sim.score_spread(CFG, 1, [0, 0, 0], 20_000, np.random.default_rng(1)).set_index(["signal", "case"])
-    ratio = {s: df.loc[(s, "others wrong"), "mean"] / df.loc[(s, "others right"), "mean"] for s in ("removal", "oracle")}
+    ratio = {
+        s: df.loc[(s, "others wrong"), "mean"] / df.loc[(s, "others right"), "mean"]
+        for s in ("removal", "oracle")
+    }
     assert ratio["oracle"] > 3 and ratio["oracle"] > 1.5 * ratio["removal"]
 
 
@@ -301,7 +306,8 @@ def test_run_frame_summary_and_plot():
     assert list(table.index) == ["wta", "removal"] and table.loc["wta", "seeds"] == 2
     np.testing.assert_allclose(table.loc["wta", "accuracy"], runs["wta"].metrics["accuracy"][:, -1].mean())
     text = sim.summary_table(frame, ["accuracy"], formatted=True, digits=2)
-    assert text.loc["wta", "accuracy"] == f"{table.loc['wta', 'accuracy']:.2f} ± {table.loc['wta', 'accuracy ±']:.2f}"
+    expected = f"{table.loc['wta', 'accuracy']:.2f} ± {table.loc['wta', 'accuracy ±']:.2f}"
+    assert text.loc["wta", "accuracy"] == expected
     mean, hw, n = sim.paired_difference(runs, "removal", "wta")
     assert n == 2 and hw >= 0
     axes = sim.plot_curves(frame, ["accuracy", "overlap"])

@@ -49,8 +49,9 @@ def _batch(seed=0):
     completion_mask = torch.ones(N, T, dtype=torch.long)
     completion_mask[0, 4:] = 0
     completion_mask[2, 2:] = 0
-    return dict(prompt_ids=prompt_ids, prompt_mask=torch.ones(N, P, dtype=torch.long), completion_ids=completion_ids,
-                completion_mask=completion_mask, advantages=torch.tensor([1.0, -0.5, 0.3, -0.8]),
+    return dict(prompt_ids=prompt_ids, prompt_mask=torch.ones(N, P, dtype=torch.long),
+                completion_ids=completion_ids, completion_mask=completion_mask,
+                advantages=torch.tensor([1.0, -0.5, 0.3, -0.8]),
                 num_items_in_batch=completion_mask.sum())
 
 

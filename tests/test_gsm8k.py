@@ -133,6 +133,7 @@ def test_question_specialty():
 
 
 def test_import_is_light():
-    code = "import sys, mcpg.grpo.gsm8k, mcpg.grpo; print('transformers' in sys.modules, 'peft' in sys.modules)"
+    code = ("import sys, mcpg.grpo.gsm8k, mcpg.grpo; "
+            "print('transformers' in sys.modules, 'peft' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -13,6 +13,7 @@ from mcpg import outcome as oc
 from mcpg import routing
 
 SETTINGS = settings(max_examples=60, deadline=None)
+CELLS = np.zeros((2, 2), int)  # two slates of two candidates, all in cell 0
 
 
 def _slate(seed: int, K: int, tau: float, eps: float):
@@ -38,8 +39,10 @@ def test_dr_moments_match_enumeration_of_the_library_estimator(seed, K, tau, eps
     over every (I, G) outcome; and its mean is Delta^rem for any outcome model (Corollary 3)."""
     g, p, P, mu = _slate(seed, K, tau, eps)
     sel, rew, prob = oc.enumerate_feedback(g, p, noise)
-    O = sel.shape[0]
-    est = routing.dr_removal_contributions(sel, rew, np.tile(p, (O, 1)), np.tile(P, (O, 1, 1)), np.tile(mu, (O, 1)))
+    n_out = sel.shape[0]
+    est = routing.dr_removal_contributions(
+        sel, rew, np.tile(p, (n_out, 1)), np.tile(P, (n_out, 1, 1)), np.tile(mu, (n_out, 1))
+    )
     m_enum, v_enum = _enumerated_moments(est, prob)
     mean, var = oc.dr_removal_moments(g, p, P, mu, noise)
     np.testing.assert_allclose(prob.sum(), 1.0)
@@ -49,7 +52,8 @@ def test_dr_moments_match_enumeration_of_the_library_estimator(seed, K, tau, eps
 
 
 @SETTINGS
-@given(st.integers(0, 10**6), st.integers(2, 5), st.floats(0.01, 1.0), st.sampled_from(["bernoulli", "fixed"]))
+@given(st.integers(0, 10**6), st.integers(2, 5), st.floats(0.01, 1.0),
+       st.sampled_from(["bernoulli", "fixed"]))
 def test_wta_moments_match_enumeration(seed, K, eps, noise):
     g, p, _, _ = _slate(seed, K, 1.0, eps)
     sel, rew, prob = oc.enumerate_feedback(g, p, noise)
@@ -122,7 +126,8 @@ def _skill_pool(seed: int = 0, n_prompts: int = 30):
     q = rng.uniform(0.05, 0.95, size=(3, n_prompts))
     logits = np.stack([np.zeros_like(q), np.log(q / (1 - q))], axis=-1)
     scores = np.array([0.0, 3.0]) + 0.5 * rng.normal(size=(3, n_prompts, 2))
-    return mech.RoutedPool(logits, np.broadcast_to([0.1, 0.9], (3, n_prompts, 2)), scores, tau=1.0, eps=0.1), q
+    check = np.broadcast_to([0.1, 0.9], (3, n_prompts, 2))
+    return mech.RoutedPool(logits, check, scores, tau=1.0, eps=0.1), q
 
 
 def test_tabular_fit_is_the_cellwise_weighted_mean():
@@ -134,7 +139,8 @@ def test_tabular_fit_is_the_cellwise_weighted_mean():
     c_sel = cells[np.arange(len(s)), s.selected]
     w = 1.0 / s.p[np.arange(len(s)), s.selected]
     for weighted, ww in ((True, w), (False, np.ones_like(w))):
-        closed = np.bincount(c_sel, weights=ww * s.reward, minlength=n) / np.bincount(c_sel, weights=ww, minlength=n)
+        closed = (np.bincount(c_sel, weights=ww * s.reward, minlength=n)
+                  / np.bincount(c_sel, weights=ww, minlength=n))
         model = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n, l2=0.0)
         ok = (closed > 0) & (closed < 1)
         np.testing.assert_allclose(model.predict(np.arange(n))[ok], closed[ok], atol=1e-5)
@@ -167,8 +173,9 @@ def test_weighted_fit_recovers_the_all_candidate_mean_and_unweighted_does_not():
     target = oc.cell_targets(pool, "agent")
     gap = np.abs(target["selected_mean"] - target["mean"])
     assert gap.max() > 0.15  # the example really has selection bias
-    mu_w = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=True, n_cells=n).predict(np.arange(n))
-    mu_u = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=False, n_cells=n).predict(np.arange(n))
+    fit_w = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=True, n_cells=n)
+    fit_u = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=False, n_cells=n)
+    mu_w, mu_u = fit_w.predict(np.arange(n)), fit_u.predict(np.arange(n))
     assert np.abs(mu_w - target["mean"]).max() < 0.05
     assert np.abs(mu_u - target["mean"]).max() > 0.1
     assert np.abs(mu_u - target["selected_mean"]).max() < 0.05
@@ -199,7 +206,8 @@ def test_both_fits_recover_g_when_the_model_sees_the_answer():
     s = pool.sample(60_000, rng)
     cells, n = oc.candidate_cells(pool, s, "answer")
     for weighted in (True, False):
-        mu = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n).predict(np.arange(n))
+        model = oc.fit_outcome_model(cells, s.selected, s.reward, s.p, weighted=weighted, n_cells=n)
+        mu = model.predict(np.arange(n))
         assert np.abs(mu - target["mean"]).max() < 0.08
 
 
@@ -277,11 +285,12 @@ def test_calibrated_predictions_lie_on_the_diagonal():
     (lambda: oc.brier_score([0.5, 0.5], [0, 2]), "outcome"),
     (lambda: oc.brier_score([0.5], [0, 1]), "prob"),
     (lambda: oc.reliability_curve([0.5], [1], n_bins=0), "n_bins"),
-    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5], [1.0, 0.0]]), "p"),
-    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0], [[0.5, 0.5]] * 2), "reward"),
-    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0.0, 1.0]), [1.0, 0.0], [[0.5, 0.5]] * 2), "selected"),
-    (lambda: oc.fit_outcome_model(np.zeros((2, 3)), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5]] * 2), "features"),
-    (lambda: oc.fit_outcome_model(np.zeros((2, 2), int), np.array([0, 1]), [1.0, 2.0], [[0.5, 0.5]] * 2), "reward"),
+    (lambda: oc.fit_outcome_model(CELLS, np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5], [1.0, 0.0]]), "p"),
+    (lambda: oc.fit_outcome_model(CELLS, np.array([0, 1]), [1.0], [[0.5, 0.5]] * 2), "reward"),
+    (lambda: oc.fit_outcome_model(CELLS, np.array([0.0, 1.0]), [1.0, 0.0], [[0.5, 0.5]] * 2), "selected"),
+    (lambda: oc.fit_outcome_model(np.zeros((2, 3)), np.array([0, 1]), [1.0, 0.0], [[0.5, 0.5]] * 2),
+     "features"),
+    (lambda: oc.fit_outcome_model(CELLS, np.array([0, 1]), [1.0, 2.0], [[0.5, 0.5]] * 2), "reward"),
 ])
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):

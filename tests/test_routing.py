@@ -116,7 +116,8 @@ def test_ipw_outcome_loss_minimiser_is_candidate_mean():
     P = torch.tensor(np.tile(p, (n, 1)), dtype=torch.float32)
     for _ in range(600):
         opt.zero_grad()
-        loss = R.ipw_outcome_loss(logit.expand(n, 2), torch.tensor(sel), torch.tensor(reward, dtype=torch.float32), P)
+        reward_t = torch.tensor(reward, dtype=torch.float32)
+        loss = R.ipw_outcome_loss(logit.expand(n, 2), torch.tensor(sel), reward_t, P)
         loss.backward()
         opt.step()
     np.testing.assert_allclose(torch.sigmoid(logit).detach().numpy(), g, atol=0.03)
@@ -135,7 +136,8 @@ def test_ipw_outcome_loss_minimiser_is_candidate_mean():
         (lambda: R.dr_removal_contributions(3, 1.0, [0.5, 0.5], np.zeros((2, 2)), [0.5, 0.5]), "selected"),
         (lambda: R.dr_removal_contributions(0, np.nan, [0.5, 0.5], np.zeros((2, 2)), [0.5, 0.5]), "reward"),
         (lambda: R.winner_take_all_scores([0], [1.0], 0), "K"),
-        (lambda: R.ipw_outcome_loss(torch.zeros(1, 2), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([[0.0, 1.0]])), "p"),
+        (lambda: R.ipw_outcome_loss(torch.zeros(1, 2), torch.tensor([0]), torch.tensor([1.0]),
+                                    torch.tensor([[0.0, 1.0]])), "p"),
     ],
 )
 def test_bad_input_names_the_argument(call, name):

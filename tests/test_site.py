@@ -21,8 +21,8 @@ import pytest
 
 SITE = os.environ.get("MCPG_SITE")
 CHROMIUM = os.environ.get("MCPG_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = pytest.mark.skipif(not SITE, reason="set MCPG_SITE to a built site (book/_build/html) to run")
 
@@ -73,7 +73,8 @@ def test_every_page_in_chromium(site, browser):
     ids_cache: dict[Path, set[str]] = {}
     for path in pages:
         rel = path.relative_to(root).as_posix()
-        redirect = re.search(r'http-equiv="refresh" content="0; url=([^"]+)"', path.read_text(encoding="utf-8"), re.I)
+        source = path.read_text(encoding="utf-8")
+        redirect = re.search(r'http-equiv="refresh" content="0; url=([^"]+)"', source, re.I)
         if redirect:  # index.html only forwards to the first page
             if not (path.parent / redirect.group(1)).exists():
                 problems.append(f"{rel}: redirects to a missing page {redirect.group(1)}")
@@ -83,18 +84,22 @@ def test_every_page_in_chromium(site, browser):
         page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
         page.on("requestfailed", lambda r, errors=errors: errors.append(f"failed request {r.url}"))
-        page.on("response", lambda r, errors=errors: errors.append(f"HTTP {r.status} for {r.url}") if r.status >= 400 else None)
+        page.on("response", lambda r, errors=errors: (
+            errors.append(f"HTTP {r.status} for {r.url}") if r.status >= 400 else None))
         page.goto(base + rel, wait_until="load")
         # math: wait for MathJax, then every math element must hold a typeset container
         n_math = page.evaluate("document.querySelectorAll('.math').length")
         if n_math:
-            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
+            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                   timeout=20_000)
             page.evaluate("MathJax.startup.promise")
-            raw = page.evaluate("[...document.querySelectorAll('.math')].filter(e => !e.querySelector('mjx-container')).length")
+            raw = page.evaluate("[...document.querySelectorAll('.math')]"
+                                ".filter(e => !e.querySelector('mjx-container')).length")
             if raw:
                 problems.append(f"{rel}: {raw} of {n_math} math elements not typeset")
         # figures and other images
-        broken = page.evaluate("[...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+        broken = page.evaluate("[...document.images]"
+                               ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
         problems += [f"{rel}: image did not load: {src}" for src in broken]
         # internal links: the target file exists and so does the anchor
         hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")

@@ -204,7 +204,9 @@ def fit_outcome_model(features, selected, reward, p, weighted: bool = True, hidd
     else:
         feats = as_float_array(feats, "features")
         if feats.ndim != 3 or feats.shape[:2] != (B, K):
-            raise ValueError(f"features must have shape ({B}, {K}, d) or be integer cells ({B}, {K}), got {feats.shape}")
+            raise ValueError(
+                f"features must have shape ({B}, {K}, d) or be integer cells ({B}, {K}), got {feats.shape}"
+            )
         n = feats.shape[2]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -307,7 +309,9 @@ def reliability_curve(prob, outcome, n_bins: int = 10, weights=None):
     obs = np.bincount(b, weights=w * y, minlength=n_bins)[keep] / sw[keep]
     count = np.bincount(b, minlength=n_bins)[keep]
     se = np.sqrt(obs * (1 - obs) / np.maximum(count, 1))
-    return pd.DataFrame({"bin": np.flatnonzero(keep), "predicted": pred, "observed": obs, "count": count, "se": se})
+    return pd.DataFrame(
+        {"bin": np.flatnonzero(keep), "predicted": pred, "observed": obs, "count": count, "se": se}
+    )
 
 
 # --- cells of a routed pool and the limits of the two fits --------------------------------
@@ -423,7 +427,9 @@ def enumerate_feedback(g, p, noise: str = "bernoulli") -> tuple[np.ndarray, np.n
     return selected, reward, prob
 
 
-def draw_feedback(g, p, n: int, rng: np.random.Generator, noise: str = "bernoulli") -> tuple[np.ndarray, np.ndarray]:
+def draw_feedback(
+    g, p, n: int, rng: np.random.Generator, noise: str = "bernoulli"
+) -> tuple[np.ndarray, np.ndarray]:
     """n independent filtered-feedback draws at fixed slates: I ~ p, then G = R^(I).
 
     Only (I, G) is returned: the other candidates' rewards are never observed.

@@ -38,7 +38,9 @@ def field_heatmap(field: np.ndarray, ax=None, agent_names=None, cmap: str = "vla
 
     n, m = field.shape
     names = agent_names or [str(i + 1) for i in range(n)]
-    labels = ["{" + ",".join(names[k] for k in range(n) if (S >> k) & 1) + "}" if S else "∅" for S in range(m)]
+    labels = [
+        "{" + ",".join(names[k] for k in range(n) if (S >> k) & 1) + "}" if S else "∅" for S in range(m)
+    ]
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4, 0.7 * m), 0.6 * n + 1.2))
     lim = np.nanmax(np.abs(field)) or 1.0
@@ -81,7 +83,8 @@ def slate_diagram(p, selected: int, rewards, ax=None, names=None):
     ax.add_patch(FancyArrowPatch((4.75, 0), (6.3, ys[selected]), arrowstyle="-|>", mutation_scale=14, lw=2,
                                  color="#ff7f0e"))
     ax.text(5.5, 0.3 + ys[selected] / 2, f"deploy $I = {selected + 1}$", ha="center", fontsize="small")
-    ax.text(6.5, ys.min() - 0.8, f"observed: $G = R^{{(I)}} = {rewards[selected]:g}$; the rest are never seen",
+    ax.text(6.5, ys.min() - 0.8,
+            f"observed: $G = R^{{(I)}} = {rewards[selected]:g}$; the rest are never seen",
             ha="left", fontsize="small")
     ax.set(xlim=(-0.2, 10.5), ylim=(ys.min() - 1.0, ys.max() + 0.6))
     ax.axis("off")

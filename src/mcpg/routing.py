@@ -199,7 +199,9 @@ def ipw_outcome_loss(logits, selected, reward, p):
     reward = torch.as_tensor(reward, dtype=logits.dtype, device=logits.device)
     p = torch.as_tensor(p, dtype=logits.dtype, device=logits.device)
     if logits.ndim != 2 or p.shape != logits.shape:
-        raise ValueError(f"p must have the shape of logits (B, K), got {tuple(p.shape)} and {tuple(logits.shape)}")
+        raise ValueError(
+            f"p must have the shape of logits (B, K), got {tuple(p.shape)} and {tuple(logits.shape)}"
+        )
     if selected.shape != logits.shape[:1] or reward.shape != logits.shape[:1]:
         raise ValueError("selected and reward must have shape (B,)")
     p_sel = p.gather(1, selected[:, None]).squeeze(1)

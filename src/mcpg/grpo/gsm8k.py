@@ -134,7 +134,9 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def load_gsm8k(split: str, n: int | None = None, seed: int = 0, data_dir: str | os.PathLike | None = None) -> list[dict]:
+def load_gsm8k(
+    split: str, n: int | None = None, seed: int = 0, data_dir: str | os.PathLike | None = None
+) -> list[dict]:
     """GSM8K problems of ``split`` ("train" or "test") as dicts with question, answer, gold.
 
     Args:

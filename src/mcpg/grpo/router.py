@@ -83,9 +83,13 @@ class CandidateFeatures:
         ], dtype=np.float32)
         onehot = np.zeros(self.n_agents, dtype=np.float32)
         onehot[agent] = 1.0
-        return np.concatenate([self._bag(qw, self.question_dim), self._bag(c_tokens, self.candidate_dim), flags, onehot])
+        return np.concatenate(
+            [self._bag(qw, self.question_dim), self._bag(c_tokens, self.candidate_dim), flags, onehot]
+        )
 
-    def __call__(self, questions: list[str], candidates: list[str], agents: list[int], truncated=None) -> torch.Tensor:
+    def __call__(
+        self, questions: list[str], candidates: list[str], agents: list[int], truncated=None
+    ) -> torch.Tensor:
         """Features of N (question, candidate, agent) triples, shape (N, dim)."""
         n = len(questions)
         if len(candidates) != n or len(agents) != n:
