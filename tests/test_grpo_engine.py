@@ -22,8 +22,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture()
 def pool():
     model, tok, _ = load_base("tiny-random", seed=1)
-    agents = [AgentSpec("ann", "You are Ann.", 0.8, "money"), AgentSpec("bob", "You are Bob.", 1.2, "time"),
-              AgentSpec("cy", "You are Cy.", 1.0, "geometry")]
+    agents = [
+        AgentSpec("ann", "You are Ann.", 0.8, "money"),
+        AgentSpec("bob", "You are Bob.", 1.2, "time"),
+        AgentSpec("cy", "You are Cy.", 1.0, "geometry"),
+    ]
     p = AgentPool(model, tok, agents, lora_r=4, seed=0)
     with torch.no_grad():  # make the adapters differ from each other and from the base
         g = torch.Generator().manual_seed(0)
@@ -70,8 +73,13 @@ def test_mixed_batch_generation_equals_one_batch_per_agent(pool):
     mixed = pool.generate(prompts, adapters, temps, max_new_tokens=6, greedy=True)
     for a in pool.agents:
         idx = [i for i, n in enumerate(adapters) if n == a.name]
-        alone = pool.generate([prompts[i] for i in idx], [a.name] * len(idx), [a.temperature] * len(idx),
-                              max_new_tokens=6, greedy=True)
+        alone = pool.generate(
+            [prompts[i] for i in idx],
+            [a.name] * len(idx),
+            [a.temperature] * len(idx),
+            max_new_tokens=6,
+            greedy=True,
+        )
         assert [mixed.texts[i] for i in idx] == alone.texts
     # the adapters matter: the three agents do not all write the same thing
     assert len({mixed.texts[i] for i in range(3)}) > 1
@@ -121,9 +129,11 @@ def test_mixed_logprobs_equal_single_adapter_and_gradients_stay_in_their_adapter
             am = torch.cat([one.prompt_mask, one.completion_mask], 1)
             # all adapters active at once; only `name` is non-zero
             pool.model.base_model.set_adapter(pool.names)
-            logits = pool.model(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(-1) - 1).clamp(min=0)).logits
+            logits = pool.model(
+                input_ids=ids, attention_mask=am, position_ids=(am.cumsum(-1) - 1).clamp(min=0)
+            ).logits
             T = one.completion_ids.shape[1]
-            ref = torch.log_softmax(logits[:, -T - 1:-1].float() / one.temperatures.view(-1, 1, 1), -1)
+            ref = torch.log_softmax(logits[:, -T - 1 : -1].float() / one.temperatures.view(-1, 1, 1), -1)
             ref = ref.gather(-1, one.completion_ids[..., None])[..., 0]
             for n, p in pool.model.named_parameters():
                 if n in saved:
@@ -142,7 +152,11 @@ def test_mixed_logprobs_equal_single_adapter_and_gradients_stay_in_their_adapter
 
 def test_adapters_save_and_load_as_safetensors(pool, tmp_path):
     pool.save_adapters(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ann.safetensors", "bob.safetensors", "cy.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ann.safetensors",
+        "bob.safetensors",
+        "cy.safetensors",
+    ]
     before = {a: pool.adapter_state(a) for a in pool.names}
     with torch.no_grad():
         for p in pool.adapter_params("bob"):
@@ -173,11 +187,11 @@ def test_features_are_deterministic_and_informative():
     a = f([q, q], ["3 * 2 = 6\n#### 6", "no idea"], [0, 2])
     b = f([q, q], ["3 * 2 = 6\n#### 6", "no idea"], [0, 2])
     assert a.shape == (2, f.dim) and torch.equal(a, b)
-    flags = a[:, 32:32 + CandidateFeatures.N_FLAGS]
+    flags = a[:, 32 : 32 + CandidateFeatures.N_FLAGS]
     assert flags[0, 1] == 1 and flags[1, 1] == 0  # has a number
     assert flags[0, 2] == 1  # explicit final-answer marker
     assert a[0, -3] == 1 and a[1, -1] == 1  # agent one-hot
-    copy = f([q], ["The answer is 3"], [1])[0, 32:32 + CandidateFeatures.N_FLAGS]
+    copy = f([q], ["The answer is 3"], [1])[0, 32 : 32 + CandidateFeatures.N_FLAGS]
     assert copy[3] == 1  # answer copied from the question
     with pytest.raises(ValueError, match="agent"):
         f([q], ["x"], [3])
@@ -207,7 +221,7 @@ def test_router_learns_outcomes_of_unselected_candidates_from_selected_feedback(
     feats = torch.from_numpy(np.stack([x, np.ones_like(x)], -1))
     R = (rng.uniform(size=(N, K)) < 0.2 + 0.6 * x).astype(float)
     p = routing.router_propensities(3.0 * x, tau=1.0, eps=0.1)
-    I = routing.sample_selection(p, rng)
+    I = routing.sample_selection(p, rng)  # noqa: E741 (the paper's name)
     G = R[np.arange(N), I]
     torch.manual_seed(0)
     r = Router(2, hidden=8)
@@ -232,7 +246,11 @@ def test_named_configs_resolve():
         assert set(cfg) == set(DEFAULTS) and cfg["name"] == name
     paper = resolve_config("paper")
     assert (paper["model"], paper["updates"], paper["train_problems"], paper["eval_problems"]) == (
-        "meta-llama/Llama-3.2-3B-Instruct", 150, 512, 128)
+        "meta-llama/Llama-3.2-3B-Instruct",
+        150,
+        512,
+        128,
+    )
     assert len(paper["agents"]) == 3 and paper["completions_per_agent"] == 4
     assert resolve_config("cpu-smoke")["model"] == "smollm2-135m"
 
@@ -267,7 +285,9 @@ def test_shared_prefill_gives_the_same_greedy_completions(pool):
     shared = pool.generate(prompts, adapters, temps, max_new_tokens=8, greedy=True)
     assert shared.texts == plain.texts
     assert torch.equal(shared.completion_ids, plain.completion_ids)
-    assert torch.equal(shared.prompt_ids, plain.prompt_ids) and torch.equal(shared.prompt_mask, plain.prompt_mask)
+    assert torch.equal(shared.prompt_ids, plain.prompt_ids) and torch.equal(
+        shared.prompt_mask, plain.prompt_mask
+    )
     # and sampled rows of one (prompt, agent) pair still differ from each other
     torch.manual_seed(0)
     sampled = pool.generate(prompts, adapters, [5.0] * len(prompts), max_new_tokens=8)
@@ -279,8 +299,10 @@ def test_base_rows_in_a_mixed_batch_are_the_frozen_base_model(pool):
     mixed = pool.generate([prompt, prompt], ["__base__", "ann"], [1.0, 1.0], max_new_tokens=6, greedy=True)
     with pool.model.disable_adapter():
         enc = pool.tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
-        out = pool.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=pool.tokenizer.pad_token_id)
-    base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
+        out = pool.model.generate(
+            **enc, max_new_tokens=6, do_sample=False, pad_token_id=pool.tokenizer.pad_token_id
+        )
+    base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1] :], skip_special_tokens=True)
     assert mixed.texts[0] == base_text
 
 
@@ -289,7 +311,9 @@ def test_shared_prompt_scoring_equals_full_forward():
     the rows: log-probs and every adapter's gradient equal one forward pass over every row."""
     torch.manual_seed(0)
     model, tok, _ = load_base("tiny-random")
-    pool = AgentPool(model, tok, [AgentSpec("ann", "r", 0.7), AgentSpec("bob", "s", 1.3)], lora_r=4, lora_alpha=8)
+    pool = AgentPool(
+        model, tok, [AgentSpec("ann", "r", 0.7), AgentSpec("bob", "s", 1.3)], lora_r=4, lora_alpha=8
+    )
     with torch.no_grad():
         for n, p in pool.model.named_parameters():
             if "lora_B" in n:

@@ -46,13 +46,34 @@ def _weights(run: Path) -> dict:
 @pytest.mark.parametrize("signal", ["wta", "removal", "oracle"])
 def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
     run = tmp_path / "run"
-    rc = main(["train", "--config", "tiny-random", "--signal", signal, "--output", str(run), "--updates", "2",
-               "--no-progress"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "tiny-random",
+            "--signal",
+            signal,
+            "--output",
+            str(run),
+            "--updates",
+            "2",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     files = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()}
-    assert {"config.json", "metrics.jsonl", "eval.json", "router.safetensors", "adapters/money.safetensors",
-            "adapters/time.safetensors", "adapters/geometry.safetensors", "checkpoint/state.json",
-            "checkpoint/optimizer.pt", "checkpoint/rng_rank0.pt"} <= files
+    assert {
+        "config.json",
+        "metrics.jsonl",
+        "eval.json",
+        "router.safetensors",
+        "adapters/money.safetensors",
+        "adapters/time.safetensors",
+        "adapters/geometry.safetensors",
+        "checkpoint/state.json",
+        "checkpoint/optimizer.pt",
+        "checkpoint/rng_rank0.pt",
+    } <= files
     assert not any(f.endswith((".bin", ".pkl")) for f in files)
     saved = json.loads((run / "config.json").read_text())
     assert saved["signal"] == signal and saved["config"]["model"] == "tiny-random"
@@ -65,7 +86,9 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
     ev = json.loads((run / "eval.json").read_text())
     assert set(EVAL_KEYS) <= set(ev) and ev["n"] == 4 and ev["updates"] == 2
     assert ev["regret"] == pytest.approx(ev["oracle"] - ev["accuracy"])
-    assert 0 <= ev["accuracy"] <= ev["oracle"] <= 1 and 0 <= ev["brier"] <= 1 and 0 <= ev["entropy"] <= np.log(3)
+    assert (
+        0 <= ev["accuracy"] <= ev["oracle"] <= 1 and 0 <= ev["brier"] <= 1 and 0 <= ev["entropy"] <= np.log(3)
+    )
     assert ev["specialization"] is None or 0 <= ev["specialization"] <= 1
     assert "base_accuracy" in ev and len(ev["agent_accuracy"]) == 3
     capsys.readouterr()
@@ -92,11 +115,32 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert train("tiny-random", "removal", cut, stop_after=1, **kw) is None  # "crash" after update 1
     assert not (cut / "eval.json").exists() and len(_metrics(cut)) == 1
     # resume in a fresh process, as after a real interruption
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
-    proc = subprocess.run([sys.executable, "-m", "mcpg.grpo", "train", "--config", "tiny-random", "--signal",
-                           "removal", "--output", str(cut), "--resume", "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MCPG_GSM8K_DIR": str(FIXTURE),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcpg.grpo",
+            "train",
+            "--config",
+            "tiny-random",
+            "--signal",
+            "removal",
+            "--output",
+            str(cut),
+            "--resume",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _metrics(cut) == _metrics(full)
     ev_cut = json.loads((cut / "eval.json").read_text())
@@ -127,7 +171,9 @@ def test_micro_batches_give_the_same_update():
         results.append({n: eng.pool.adapter_state(n) for n in eng.pool.names})
     for n in results[0]:
         for k in results[0][n]:
-            torch.testing.assert_close(results[0][n][k], results[1][n][k], rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2
+            torch.testing.assert_close(
+                results[0][n][k], results[1][n][k], rtol=1e-4, atol=1e-5
+            )  # Adam steps are ~1e-2
 
 
 def test_actor_update_ascends_the_advantage():
@@ -154,7 +200,10 @@ def test_actor_update_ascends_the_advantage():
 
 
 def test_bad_input(tmp_path, capsys):
-    assert main(["train", "--config", "tiny-random", "--signal", "shapley", "--output", str(tmp_path / "x")]) == 2
+    assert (
+        main(["train", "--config", "tiny-random", "--signal", "shapley", "--output", str(tmp_path / "x")])
+        == 2
+    )
     assert "signal" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"base": "tiny-random", "lerning_rate": 0.1}))
@@ -182,13 +231,44 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run = tmp_path / "ddp"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "-m", "mcpg.grpo", "train", "--config", "tiny-random", "--signal", "removal",
-                           "--output", str(run), "--updates", "2", "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MCPG_GSM8K_DIR": str(FIXTURE),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "mcpg.grpo",
+            "train",
+            "--config",
+            "tiny-random",
+            "--signal",
+            "removal",
+            "--output",
+            str(run),
+            "--updates",
+            "2",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["processes"] == 2
     assert {p.name for p in (run / "checkpoint").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
@@ -213,8 +293,11 @@ def test_one_agent_control_runs_every_signal_as_plain_grpo(tmp_path):
         rows = _metrics(tmp_path / signal)
         assert all(r["selected_fraction"] == [1.0] and r["entropy"] == 0.0 for r in rows)
         assert all(np.isclose(r["credit_mean"][0], r["reward"]) for r in rows)
-    strip = [{k: v for k, v in r.items() if k not in ("signal", "router_loss", "brier")}
-             for s in runs for r in _metrics(tmp_path / s)]
+    strip = [
+        {k: v for k, v in r.items() if k not in ("signal", "router_loss", "brier")}
+        for s in runs
+        for r in _metrics(tmp_path / s)
+    ]
     assert strip[:2] == strip[2:4] == strip[4:6]
     w = [load_file(str(tmp_path / s / "adapters" / "solver.safetensors")) for s in runs]
     for k in w[0]:
@@ -254,7 +337,11 @@ def test_router_learns_from_a_replay_of_logged_slates(tmp_path):
     train({"base": "tiny-random", "updates": 3}, "removal", tmp_path / "all")
     train({"base": "tiny-random", "updates": 3, "router_replay": 1}, "removal", tmp_path / "one")
     per_update = 2 * 2  # prompts_per_update * completions_per_agent slates
-    assert [r["router_slates"] for r in _metrics(tmp_path / "all")] == [per_update, 2 * per_update, 3 * per_update]
+    assert [r["router_slates"] for r in _metrics(tmp_path / "all")] == [
+        per_update,
+        2 * per_update,
+        3 * per_update,
+    ]
     assert [r["router_slates"] for r in _metrics(tmp_path / "one")] == [per_update] * 3
 
 
@@ -279,13 +366,13 @@ def test_advantages_scale_rewards(scale):
 
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(4, 6, 3))
-    scores[0, :, 1] = 0.0                           # a group with no spread
-    scores[1, :, 2] = 1e-5 * rng.normal(size=6)     # estimator noise of the size of mu_hat
+    scores[0, :, 1] = 0.0  # a group with no spread
+    scores[1, :, 2] = 1e-5 * rng.normal(size=6)  # estimator noise of the size of mu_hat
     adv = group_advantages(scores, scale, 1e-4, axis=1)
     np.testing.assert_allclose(adv.mean(axis=1), 0.0, atol=1e-12)
     assert np.all(adv[0, :, 1] == 0.0)
     if scale == "none":
         np.testing.assert_allclose(adv, scores - scores.mean(1, keepdims=True))
     else:
-        assert np.abs(adv[1, :, 2]).max() < 0.2     # eps = 1e-4 keeps noise small (1e-6 made it ~1)
+        assert np.abs(adv[1, :, 2]).max() < 0.2  # eps = 1e-4 keeps noise small (1e-6 made it ~1)
         np.testing.assert_allclose(adv[2:].std(axis=1, ddof=1), 1.0, rtol=1e-3)  # TRL: unbiased std

@@ -73,7 +73,8 @@ class AgentSpec:
     specialty: str | None = None
 
     def __post_init__(self):
-        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum() or self.name in "lora_":
+        bad = not self.name or self.name == BASE or not self.name.replace("_", "").isalnum()
+        if bad or self.name in "lora_":
             raise ValueError(f"agent name must be an identifier other than {BASE!r} and not part of 'lora_' "
                              f"(peft's parameter prefix), got {self.name!r}")
         if not self.temperature > 0:
@@ -332,7 +333,8 @@ class AgentPool:
         completion = out[:, input_ids.shape[1]:].cpu()
         is_eos = completion == tok.eos_token_id
         has_eos = is_eos.any(dim=1)
-        first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, completion.shape[1], dtype=torch.long))
+        no_eos = torch.full_like(has_eos, completion.shape[1], dtype=torch.long)
+        first = torch.where(has_eos, is_eos.int().argmax(dim=1), no_eos)
         pos = torch.arange(completion.shape[1]).unsqueeze(0)
         mask = (pos <= first.unsqueeze(1)).long()
         completion = torch.where(mask.bool(), completion, torch.full_like(completion, tok.pad_token_id))
@@ -403,7 +405,8 @@ class AgentPool:
         keys = [(tuple(batch.prompt_ids[r].tolist()), a) for r, a in enumerate(batch.adapters)]
         uniq = list(dict.fromkeys(keys))
         if parts is not None and self.share_prefill and len(uniq) < len(keys):
-            hidden = self._shared_prompt_hidden(parts[0], batch, keys, uniq, input_ids, attention, position_ids)
+            hidden = self._shared_prompt_hidden(parts[0], batch, keys, uniq, input_ids, attention,
+                                                position_ids)
             head = parts[1]
         else:
             ctx, extra = self._mixed(batch.adapters)
@@ -411,7 +414,8 @@ class AgentPool:
             try:
                 with ctx:
                     if parts is None:  # the model's own forward: full-vocabulary logits of the whole batch
-                        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                        out = self.model(input_ids=input_ids, attention_mask=attention,
+                                         position_ids=position_ids,
                                          logits_to_keep=T + 1, use_cache=False, **extra)
                         logits = out.logits[:, :-1, :].float() / temps.reshape(-1, 1, 1)
                         return selective_logprobs(logits, completion_ids)
@@ -529,7 +533,8 @@ def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
 
     return Rollout(
         cat([p.prompt_ids for p in parts], True, pad_id), cat([p.prompt_mask for p in parts], True, 0),
-        cat([p.completion_ids for p in parts], False, pad_id), cat([p.completion_mask for p in parts], False, 0),
+        cat([p.completion_ids for p in parts], False, pad_id),
+        cat([p.completion_mask for p in parts], False, 0),
         sum((p.texts for p in parts), []), sum((p.adapters for p in parts), []),
         torch.cat([p.temperatures for p in parts]), torch.cat([p.truncated for p in parts]),
         None if any(p.sampler_logprobs is None for p in parts) else

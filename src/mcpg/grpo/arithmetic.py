@@ -156,7 +156,8 @@ def write_task(folder: str | os.PathLike, n_train: int = 512, n_test: int = 128,
 
 
 def task_splits(n_train: int = 512, n_test: int = 128, seed: int = 0,
-                operations: tuple[str, ...] = ("add", "sub"), max_value: int = 20) -> tuple[list[dict], list[dict]]:
+                operations: tuple[str, ...] = ("add", "sub"),
+                max_value: int = 20) -> tuple[list[dict], list[dict]]:
     """The training and held-out problems that :func:`write_task` writes, in memory.
 
     The engine's config key ``task: "arithmetic"`` reads the task from here (no files needed).

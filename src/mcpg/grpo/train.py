@@ -688,7 +688,12 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
         write_json(
             cfg_path,
-            {"config": cfg.to_dict(), "signal": signal, "model_source": engine.model_source, "processes": dist.world},
+            {
+                "config": cfg.to_dict(),
+                "signal": signal,
+                "model_source": engine.model_source,
+                "processes": dist.world,
+            },
         )
     dist.barrier()
 
