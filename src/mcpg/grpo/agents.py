@@ -1,4 +1,4 @@
-"""K LLM agents as LoRA adapters on one frozen base model (paper §8 "Setup"; DESIGN §6).
+"""K LLM agents as LoRA adapters on one frozen base model (paper §8 "Setup").
 
 Every agent i is a LoRA adapter named ``agents[i].name`` on the same frozen base model
 (peft multi-adapter: one ``get_peft_model`` for the first agent, then ``add_adapter`` per

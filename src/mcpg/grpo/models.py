@@ -1,4 +1,4 @@
-"""Base models and tokenizers for the GRPO engine, with no internet if need be (DESIGN §5).
+"""Base models and tokenizers for the GRPO engine, with no internet if need be.
 
 A model spec (the ``model`` entry of a config) is one of:
 

@@ -166,6 +166,8 @@ class Engine:
         if signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
         self.cfg, self.signal = cfg, signal
+        if cfg["threads"]:  # as the command line does: one thread avoids oversubscribed cores
+            torch.set_num_threads(cfg["threads"])
         device = cfg["device"]
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
