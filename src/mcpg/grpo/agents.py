@@ -349,7 +349,9 @@ class AgentPool:
         """Wrap each decoder layer's forward so that, inside differentiable scoring only, it runs
         under non-reentrant ``torch.utils.checkpoint`` (the model stays in eval mode, where
         transformers' own gradient checkpointing would not engage). The recomputation in the
-        backward pass sees the same mixed-adapter rows as the forward pass."""
+        backward pass sees the same mixed-adapter rows as the forward pass. Only with
+        :class:`MultiLoRA`: peft's ``adapter_names`` hooks live only during the forward call,
+        so a recomputation through peft's path would use the wrong adapters."""
         from torch.utils.checkpoint import checkpoint
         from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -362,7 +364,8 @@ class AgentPool:
 
         def wrap(inner):
             def forward(*args, **kwargs):
-                if pool._checkpointing and pool.gradient_checkpointing and torch.is_grad_enabled():
+                if (pool._checkpointing and pool.gradient_checkpointing and pool.multilora is not None
+                        and torch.is_grad_enabled()):
                     return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
                 return inner(*args, **kwargs)
             return forward
