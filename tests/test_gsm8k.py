@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from mcpg import stats
 from mcpg.grpo.gsm8k import (
+    SPECIALTY_KEYWORDS,
     extract_answer,
     gold_answer,
     is_correct,
@@ -130,6 +132,11 @@ def test_question_specialty():
     assert question_specialty("A train travels for 4 hours and 30 minutes.") == "time"
     assert question_specialty("A rectangle has area 10 and width 2.") == "geometry"
     assert question_specialty("How many marbles are in the bag?") is None
+
+
+def test_specialty_keywords_follow_the_specialty_order():
+    """Agent k is the specialist of stats.SPECIALTIES[k]; the keyword table must list them in that order."""
+    assert tuple(SPECIALTY_KEYWORDS) == stats.SPECIALTIES
 
 
 def test_import_is_light():

@@ -184,7 +184,8 @@ SPECIALTY_KEYWORDS: dict[str, tuple[str, ...]] = {
                  "distance", "side", "sides", "tall", "long", "wide", "yard", "yards", "volume"),
 }
 """Keyword lists that assign a question to a specialty. In paper §8 a keyword-assigned
-specialty defines the specialization diagnostic."""
+specialty defines the specialization diagnostic. Keyed in the order of
+:data:`mcpg.stats.SPECIALTIES` (money, time, geometry), so agent k's specialty is the k-th key."""
 
 _WORD_RE = re.compile(r"[a-z]+|\$")
 
