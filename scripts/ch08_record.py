@@ -115,7 +115,8 @@ def _times(path: Path) -> dict:
 
 
 def _record(
-    what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float
+    what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float,
+    commit: str, dirty: bool,
 ) -> None:
     if dest.exists():
         shutil.rmtree(dest)
@@ -127,8 +128,9 @@ def _record(
         "what": f"chapter 8 {what}: signal {signal}, seed {seed}",
         "command": " ".join(["OMP_NUM_THREADS=1"] + [c if c != sys.executable else "python" for c in cmd]),
         "config": f"data/configs/ch08-{what}.json",
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "commit": commit,
+        "dirty": dirty,
+        "commit_note": "HEAD when the run (its last call, if resumed) started: the code it imported",
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,
@@ -164,16 +166,19 @@ def main(argv: list[str] | None = None) -> int:
                 else []
             )
             proc = subprocess.Popen(timer + cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            running.append((proc, signal, seed, rel, run, cmd, started, time.time()))
+            commit = _git("rev-parse", "HEAD")
+            dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+            running.append((proc, signal, seed, rel, run, cmd, started, time.time(), commit, dirty))
             print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)
         time.sleep(5)
         for job in list(running):
-            proc, signal, seed, rel, run, cmd, started, t0 = job
+            proc, signal, seed, rel, run, cmd, started, t0, commit, dirty = job
             if proc.poll() is None:
                 continue
             running.remove(job)
             if proc.returncode == 0 and (run / "eval.json").exists():
-                _record(a.what, signal, seed, run, RESULTS / rel, cmd, started, time.time() - t0)
+                wall = time.time() - t0
+                _record(a.what, signal, seed, run, RESULTS / rel, cmd, started, wall, commit, dirty)
                 print(f"recorded {rel} in {time.time() - t0:.0f} s", flush=True)
             else:
                 print(f"failed {rel} (exit {proc.returncode}); see {run.with_suffix('.log')}", flush=True)
