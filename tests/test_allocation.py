@@ -7,6 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mcpg import allocation
 from mcpg.allocation import (
     allocation_risk,
     corrected_contribution,
@@ -307,3 +308,23 @@ def test_bad_simulation_inputs():
         simulate_corrected_risk([0.5], [0.0, 1.0], [0.0], [1.0], [1.0], 10)
     with pytest.raises(ValueError, match="n_rep"):
         simulate_corrected_risk([0.5], [0.0], [0.0], [1.0], [1.0], 0)
+
+
+@pytest.mark.parametrize("fraction", [0.03, 0.3, 0.8])
+def test_generic_convex_solve_agrees_with_eq22_and_theorem3(fraction):
+    # an independent path: SLSQP on the risk, no square-root form, no water-filling
+    rng = np.random.default_rng(7)
+    n = 60
+    a, s2, e2 = rng.uniform(0.1, 1, n), rng.uniform(0, 0.1, n), rng.uniform(0, 0.1, n)
+    c = rng.integers(1, 8, n).astype(float)
+    C = fraction * c.sum()
+    p_cvx, r_cvx = allocation.convex_allocation(a, s2, e2, c, C)
+    bound = allocation.risk_lower_bound(a, s2, e2, c, C)
+    assert (p_cvx * c).sum() <= C * (1 + 1e-9)
+    assert r_cvx >= bound * (1 - 1e-9)  # Theorem 3: nothing feasible beats the bound
+    assert r_cvx == pytest.approx(bound, rel=1e-8)  # and the optimum attains it
+    np.testing.assert_allclose(p_cvx, allocation.neyman_allocation(a, s2, e2, c, C), atol=1e-4)
+    # random feasible allocations (Dirichlet weights spending the whole budget) never beat it either
+    for _ in range(200):
+        p = allocation.proportional_allocation(rng.dirichlet(np.ones(n)), c, C)
+        assert allocation.allocation_risk(p, a, s2, e2) >= bound * (1 - 1e-12)

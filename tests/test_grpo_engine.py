@@ -282,3 +282,51 @@ def test_base_rows_in_a_mixed_batch_are_the_frozen_base_model(pool):
         out = pool.model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=pool.tokenizer.pad_token_id)
     base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True)
     assert mixed.texts[0] == base_text
+
+
+def test_shared_prompt_scoring_equals_full_forward():
+    """token_logprobs runs each (prompt, agent) pair's prompt once and indexes its KV cache out to
+    the rows: log-probs and every adapter's gradient equal one forward pass over every row."""
+    torch.manual_seed(0)
+    model, tok, _ = load_base("tiny-random")
+    pool = AgentPool(model, tok, [AgentSpec("ann", "r", 0.7), AgentSpec("bob", "s", 1.3)], lora_r=4, lora_alpha=8)
+    with torch.no_grad():
+        for n, p in pool.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    qs = ["What is 2 + 3?"] * 3 + ["Add 4 and 5, please."] * 3 + ["What is 2 + 3?"] * 2
+    adapters = ["ann"] * 6 + ["bob"] * 2
+    prompts = [pool.prompt(q, pool.agents[a == "bob"]) for q, a in zip(qs, adapters)]
+    roll = pool.generate(prompts, adapters, [0.7] * 6 + [1.3] * 2, 10)
+    params = [p for p in pool.model.parameters() if p.requires_grad]
+    res = {}
+    for share in (False, True):
+        pool.share_prefill = share
+        for p in params:
+            p.grad = None
+        lp = pool.token_logprobs(roll)
+        (lp * roll.completion_mask).sum().backward()
+        res[share] = (lp.detach(), [p.grad.clone() for p in params])
+    m = roll.completion_mask.bool()
+    torch.testing.assert_close(res[True][0][m], res[False][0][m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(res[True][1], res[False][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert max(g.abs().max() for g in res[False][1]) > 1e-3  # the gradients compared are not all zero
+
+
+def test_loading_draws_no_progress_bars(capfd):
+    """Inside load_base the GGUF de-quantizing bar (tqdm used directly by transformers) and
+    transformers' own bars are off; afterwards both are as before."""
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    from mcpg.grpo.models import _quiet_loading
+
+    gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    before = gguf.tqdm
+    with _quiet_loading():
+        list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        assert not hf_logging.is_progress_bar_enabled()
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled()

@@ -7,7 +7,18 @@ import pytest
 import torch
 
 from mcpg import routing
-from mcpg.grpo.objective import clipped_grpo_loss, credit, group_standardize
+from mcpg.grpo.objective import (
+    ADVANTAGE_EPS,
+    LOSS_TYPES,
+    SCALE_REWARDS,
+    SIGNALS,
+    clipped_grpo_loss,
+    credit,
+    group_advantages,
+    group_standardize,
+    route_and_credit,
+    zero_std_groups,
+)
 
 
 def _slate(scores, tau=1.0, eps=0.1):
@@ -113,8 +124,8 @@ def test_credit_bad_inputs():
 def test_group_standardize_by_hand():
     x = np.array([[1.0, 5.0], [0.0, 5.0], [0.0, 5.0], [1.0, 5.0]])  # (m=4, K=2): agent 1 constant
     z = group_standardize(x)
-    a = 0.5 / np.sqrt(1 / 3)  # mean 0.5, unbiased std sqrt(1/3) (TRL's convention)
-    np.testing.assert_allclose(z[:, 0], [a, -a, -a, a], rtol=1e-5)
+    a = 0.5 / (np.sqrt(1 / 3) + 1e-4)  # mean 0.5, unbiased std sqrt(1/3), TRL's eps 1e-4
+    np.testing.assert_allclose(z[:, 0], [a, -a, -a, a], rtol=1e-12)
     np.testing.assert_array_equal(z[:, 1], 0.0)  # a constant group gets no advantage
     # batch of prompts (B, m, K): each (prompt, agent) group separately
     rng = np.random.default_rng(0)
@@ -199,3 +210,122 @@ def test_slate_layout_round_trip():
     for b, k, g in itertools.product(range(B), range(K), range(m)):
         assert slates[b, g, k] == (b * K + k) * m + g
     np.testing.assert_array_equal(slates.transpose(0, 2, 1).reshape(-1), rows)
+
+
+def test_public_names_and_trl_constants():
+    assert SIGNALS == ("wta", "removal", "oracle")
+    assert "dapo" in LOSS_TYPES
+    assert SCALE_REWARDS == ("group", "none")
+    assert ADVANTAGE_EPS == 1e-4  # TRL's GRPOTrainer adds 1e-4 to the group std
+
+
+def test_group_advantages_none_is_centred_and_keeps_scale():
+    x = np.array([[1.0, 5.0], [0.0, 5.0], [0.0, 5.0], [3.0, 5.0]])  # (m=4, K=2)
+    a = group_advantages(x, scale_rewards="none")
+    np.testing.assert_allclose(a[:, 0], [0.0, -1.0, -1.0, 2.0])  # mean 1
+    np.testing.assert_array_equal(a[:, 1], 0.0)
+    # scaling the scores scales centred advantages, leaves standardised ones (eps = 0) unchanged
+    np.testing.assert_allclose(group_advantages(10 * x, "none"), 10 * a)
+    np.testing.assert_allclose(group_advantages(10 * x, "group", eps=0.0)[:, 0],
+                               group_advantages(x, "group", eps=0.0)[:, 0])
+    # "group" is group_standardize with TRL's eps: (x - mean) / (std + 1e-4)
+    std = x[:, 0].std(ddof=1)
+    np.testing.assert_allclose(group_advantages(x)[:, 0], (x[:, 0] - 1.0) / (std + 1e-4))
+    t = group_advantages(torch.tensor(x), "none")
+    assert isinstance(t, torch.Tensor)
+    with pytest.raises(ValueError, match="scale_rewards"):
+        group_advantages(x, "batchwise")
+    with pytest.raises(ValueError, match="at least 2"):
+        group_advantages(np.ones((1, 2)), "none")
+
+
+def test_zero_std_groups():
+    x = np.zeros((2, 3, 2))  # (B=2, m=3, K=2)
+    x[0, :, 0] = [1.0, 0.0, 0.0]  # prompt 0, agent 0 varies
+    x[1, :, 1] = 2.0  # prompt 1, agent 1 constant (nonzero)
+    z = zero_std_groups(x)
+    np.testing.assert_array_equal(z, [[False, True], [True, True]])
+
+
+def _rollout(B=4, m=5, K=3, seed=0, eps=0.2):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(size=(B, m, K))
+    p, P = _slate(s, eps=eps)
+    R = rng.integers(0, 2, size=(B, m, K)).astype(float)
+    mu = 1 / (1 + np.exp(-s))
+    return p, P, mu, R
+
+
+@pytest.mark.parametrize("signal", SIGNALS)
+@pytest.mark.parametrize("scale", SCALE_REWARDS)
+def test_route_and_credit_matches_the_steps_by_hand(signal, scale):
+    p, P, mu, R = _rollout()
+    out = route_and_credit(signal, p, P, mu, R, np.random.default_rng(7), scale_rewards=scale)
+    I = routing.sample_selection(p, np.random.default_rng(7))  # noqa: E741 (same generator: same draw)
+    np.testing.assert_array_equal(out.I, I)
+    G = np.take_along_axis(R, I[..., None], -1)[..., 0]
+    np.testing.assert_array_equal(out.G, G)
+    sc = credit(signal, I, G, p, P, mu, rewards_all=R if signal == "oracle" else None)
+    np.testing.assert_allclose(out.scores, sc)
+    if scale == "group":
+        np.testing.assert_allclose(out.advantages, group_standardize(sc, eps=1e-4, axis=1))
+    else:
+        np.testing.assert_allclose(out.advantages, sc - sc.mean(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.zero_std_fraction, (sc.std(axis=1, ddof=1) < 1e-8).mean(axis=0))
+    assert out.zero_std_fraction.shape == (3,)
+
+
+def test_route_and_credit_filtered_feedback_ignores_unselected_rewards():
+    # wta and removal must not read R off the selected candidate: change it, nothing moves
+    p, P, mu, R = _rollout(seed=3)
+    a = route_and_credit("removal", p, P, mu, R, np.random.default_rng(1))
+    R2 = R.copy()
+    onehot = np.arange(3) == a.I[..., None]
+    R2[~onehot] = 1 - R2[~onehot]
+    b = route_and_credit("removal", p, P, mu, R2, np.random.default_rng(1))
+    np.testing.assert_array_equal(a.scores, b.scores)
+    c = route_and_credit("oracle", p, P, mu, R2, np.random.default_rng(1))
+    assert not np.allclose(c.scores, a.scores)
+
+
+def test_route_and_credit_one_generator_per_seed():
+    p, P, mu, R = _rollout(B=6)
+    p2, P2, mu2, R2 = (x.reshape((2, 3) + x.shape[1:]) for x in (p, P, mu, R))  # (S=2, B=3, m, K)
+    out = route_and_credit("wta", p2, P2, mu2, R2, [np.random.default_rng(0), np.random.default_rng(1)])
+    np.testing.assert_array_equal(out.I[0], routing.sample_selection(p2[0], np.random.default_rng(0)))
+    np.testing.assert_array_equal(out.I[1], routing.sample_selection(p2[1], np.random.default_rng(1)))
+    with pytest.raises(ValueError, match="generator"):
+        route_and_credit("wta", p2, P2, mu2, R2, [np.random.default_rng(0)])
+
+
+def test_route_and_credit_unbiased_removal_over_draws():
+    # Corollary 3 through the whole step: the mean over many draws of I of the removal scores
+    # is the exact removal contribution (the oracle's scores), for a wrong outcome model.
+    p, P, _, R = _rollout(B=1, m=2, K=3, seed=5)
+    mu_bad = np.full_like(p, 0.9)
+    rng = np.random.default_rng(11)
+    n = 20000
+    pp, PP, mm, RR = (np.broadcast_to(x, (n,) + x.shape) for x in (p, P, mu_bad, R))
+    out = route_and_credit("removal", pp, PP, mm, RR, rng)
+    exact = routing.removal_contributions(R, p, P)
+    se = out.scores.std(axis=0) / np.sqrt(n)
+    assert np.all(np.abs(out.scores.mean(axis=0) - exact) < 5 * se + 1e-12)
+
+
+@pytest.mark.parametrize("scale", SCALE_REWARDS)
+def test_one_agent_removal_equals_wta_equals_reward(scale):
+    # K = 1: the leave-one-out slate is empty and deploys nothing, so Delta^rem = G = wta
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(3, 4, 1))
+    p = routing.router_propensities(s, eps=0.1)
+    P = routing.leave_one_out_propensities(s, eps=0.1)
+    np.testing.assert_array_equal(p, 1.0)
+    assert P.shape == (3, 4, 1, 1) and not P.any()
+    R = rng.integers(0, 2, size=(3, 4, 1)).astype(float)
+    mu = 1 / (1 + np.exp(-s))
+    outs = {sig: route_and_credit(sig, p, P, mu, R, np.random.default_rng(2), scale_rewards=scale)
+            for sig in SIGNALS}
+    for sig in SIGNALS:
+        np.testing.assert_array_equal(outs[sig].I, 0)
+        np.testing.assert_allclose(outs[sig].scores, R)
+        np.testing.assert_allclose(outs[sig].advantages, outs["wta"].advantages)

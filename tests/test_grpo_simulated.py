@@ -311,6 +311,65 @@ def test_run_frame_summary_and_plot():
     assert (tr.identity_error < 1e-12).all()
 
 
+def test_one_update_is_route_and_credit_then_the_clipped_loss():
+    """The loop's first update, rebuilt from the engine's functions: the same draws, the same
+    advantages (route_and_credit) and the same Adam step on the clipped loss."""
+    import torch
+
+    from mcpg import routing
+    from mcpg.grpo.objective import clipped_grpo_loss, route_and_credit
+
+    for scale in ("group", "none"):
+        cfg = replace(SHORT, updates=1, eval_every=1, scale_rewards=scale)
+        run = sim.train_pool(cfg, "removal", [3])
+        rng = np.random.default_rng([3, 0])
+        theta0 = sim.initial_logits(cfg, rng)
+        np.testing.assert_allclose(run.logits[0, 0], theta0)
+        B, m, K, M = cfg.prompts_per_update, cfg.completions_per_agent, cfg.n_agents, cfg.n_answers
+        types, z, checks = sim.draw_questions(cfg, B, rng)
+        pi = np.exp(theta0) / np.exp(theta0).sum(-1, keepdims=True)
+        u = rng.random((B, m, K))
+        cdf = np.cumsum(pi[:, types].transpose(1, 0, 2), -1)  # (B, K, M)
+        actions = np.minimum((u[..., None] > cdf[:, None]).sum(-1), M - 1)
+        R = (actions == z[:, None, None]).astype(float)
+        c = np.take_along_axis(np.broadcast_to(checks[:, None, :], (B, m, M)), actions, -1)
+        feats = sim.candidate_features(cfg, np.broadcast_to(types[:, None], (B, m)), actions, c).numpy()
+        s0 = feats @ np.zeros(cfg.n_features)  # the router starts at zero
+        p = routing.router_propensities(s0, tau=cfg.router_tau, eps=cfg.router_eps)
+        P = routing.leave_one_out_propensities(s0, tau=cfg.router_tau, eps=cfg.router_eps)
+        step = route_and_credit("removal", p, P, 1 / (1 + np.exp(-s0)), R, rng, scale_rewards=scale,
+                                advantage_eps=cfg.advantage_eps)
+        th = torch.tensor(theta0, requires_grad=True)
+        k_idx, t_idx = torch.arange(K)[None, None, :], torch.as_tensor(types)[:, None, None]
+        logp = torch.log_softmax(th, -1)[k_idx, t_idx, torch.as_tensor(actions)]
+        loss = K * clipped_grpo_loss(logp.reshape(-1, 1), logp.detach().reshape(-1, 1),
+                                     torch.as_tensor(step.advantages).reshape(-1), torch.ones(B * m * K, 1))
+        (g,) = torch.autograd.grad(loss, th)
+        g = g.numpy()
+        adam = theta0 - cfg.learning_rate * g / (np.abs(g) + 1e-8)  # Adam's first step
+        np.testing.assert_allclose(run.logits[0, -1], adam, atol=1e-9)
+        zs = run.metrics["zero_std"][0, 0]
+        assert zs == pytest.approx(step.zero_std_fraction.mean())  # one seed: its own share
+
+
+def test_sampled_evaluation_and_zero_std_metrics():
+    run = sim.train_pool(SHORT, "wta", [0, 1])
+    for k in sim.SAMPLED_KEYS:
+        assert k in run.metrics and np.isfinite(run.metrics[k][:, 0]).all()
+    acc, s_acc = run.metrics["accuracy"], run.metrics["sampled_accuracy"]
+    assert ((0 <= s_acc) & (s_acc <= 1)).all() and not np.array_equal(acc, s_acc)
+    np.testing.assert_allclose(run.metrics["sampled_regret"],
+                               run.metrics["sampled_oracle"] - run.metrics["sampled_accuracy"])
+    zs = run.metrics["zero_std"][:, :-1]
+    assert ((0 <= zs) & (zs <= 1)).all() and np.isnan(run.metrics["zero_std"][:, -1]).all()
+    # per seed, not pooled over the batch of seeds: seed 1 alone gives its own share
+    alone = sim.train_pool(SHORT, "wta", [1])
+    np.testing.assert_array_equal(alone.metrics["zero_std"][0], run.metrics["zero_std"][1])
+    # evaluation draws its own generator: the sampled metrics do not change training
+    again = sim.train_pool(SHORT, "wta", [1])
+    np.testing.assert_array_equal(again.logits[0], run.logits[1])
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, name", [
     ({"check_flip": 0.7}, "check_flip"),
@@ -326,6 +385,7 @@ def test_run_frame_summary_and_plot():
     ({"updates": -1}, "updates"),
     ({"prompts_per_update": 2.5}, "prompts_per_update"),
     ({"init_noise": float("nan")}, "init_noise"),
+    ({"scale_rewards": "batchwise"}, "scale_rewards"),
 ])
 def test_bad_config(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -364,3 +424,38 @@ def test_bad_arguments():
         sim.summary_table(frame, ["nonsense"])
     with pytest.raises(ValueError, match="removal"):
         sim.paired_difference(runs, "removal", "wta")
+
+
+def test_evaluate_run_reproduces_the_evaluation_and_noise_changes_it():
+    run = sim.train_pool(SHORT, "removal", [0, 4])
+    ev = sim.evaluate_run(run)
+    for k in sim.EVAL_KEYS:
+        np.testing.assert_allclose(ev[k], run.metrics[k][:, -1], equal_nan=True)
+    noisy = sim.evaluate_run(run, answer_noise=1.0)
+    assert not np.allclose(noisy["accuracy"], ev["accuracy"])
+    with pytest.raises(ValueError, match="answer_noise"):
+        sim.evaluate_run(run, answer_noise=1.5)
+
+
+def test_load_grid_and_paired_differences(tmp_path):
+    import json
+
+    runs = {m: sim.train_pool(SHORT, m, [0, 1, 2]) for m in ("frozen", "wta", "removal")}
+    cell = {"router_lr": 0.1, "router_steps": 5, "router_eps": 0.1, "learning_rate": 0.1}
+    results = []
+    for m, r in runs.items():
+        c = {**cell, "learning_rate": None} if m == "frozen" else cell
+        results.append({"cell": c, "scale_rewards": "n/a" if m == "frozen" else "group", "method": m,
+                        "seeds": r.seeds, "final": {k: r.metrics[k][:, -1].tolist() for k in sim.EVAL_KEYS}})
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({"command": "x", "seeds": [0, 1, 2], "results": results}))
+    meta, frame = sim.load_grid(path)
+    assert meta["command"] == "x" and len(frame) == 9
+    assert np.isnan(frame[frame.method == "frozen"]["learning_rate"]).all()
+    d = sim.grid_differences(frame, "removal", "wta")
+    assert len(d) == 1
+    iv = sim.paired_difference(runs, "removal", "wta")
+    assert d["mean"].iloc[0] == pytest.approx(iv.mean)
+    assert d["half_width"].iloc[0] == pytest.approx(iv.half_width)
+    with pytest.raises(ValueError, match="not in the grid"):
+        sim.grid_differences(frame, "oracle", "wta")

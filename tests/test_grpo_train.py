@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from mcpg.grpo.__main__ import main
 from mcpg.grpo.configs import resolve_config
-from mcpg.grpo.train import EVAL_KEYS, Engine, train
+from mcpg.grpo.train import Engine, train
+from mcpg.stats import EVAL_KEYS
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -233,6 +234,7 @@ def test_health_metrics_and_initial_evaluation(tmp_path):
         assert r["clip_fraction"] == 0.0  # one optimizer step per rollout: ratio 1, nothing clipped
     init = json.loads((tmp_path / "run" / "initial_eval.json").read_text())
     assert ev["initial_accuracy"] == init["accuracy"] and ev["initial_correct"] == init["correct"]
+    assert ev["base_correct"] == init["base_correct"]  # the frozen model is evaluated once per run
     n = ev["n"]
     assert len(ev["correct"]) == len(ev["base_correct"]) == len(ev["initial_correct"]) == n
     assert np.mean(ev["correct"]) == ev["accuracy"] and np.mean(ev["base_correct"]) == ev["base_accuracy"]
@@ -276,13 +278,13 @@ def test_evaluation_generates_in_bounded_batches(monkeypatch):
 
 @pytest.mark.parametrize("scale", ["group", "none"])
 def test_advantages_scale_rewards(scale):
-    from mcpg.grpo.train import _advantages
+    from mcpg.grpo.objective import group_advantages
 
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(4, 6, 3))
     scores[0, :, 1] = 0.0                           # a group with no spread
     scores[1, :, 2] = 1e-5 * rng.normal(size=6)     # estimator noise of the size of mu_hat
-    adv = _advantages(scores, scale, 1e-4)
+    adv = group_advantages(scores, scale, 1e-4, axis=1)
     np.testing.assert_allclose(adv.mean(axis=1), 0.0, atol=1e-12)
     assert np.all(adv[0, :, 1] == 0.0)
     if scale == "none":

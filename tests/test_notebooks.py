@@ -2,8 +2,10 @@
 every solution while keeping the exercises."""
 
 import importlib.util
+import re
 from pathlib import Path
 
+import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,3 +71,152 @@ def test_chapter_solutions_are_gated(md):
     assert text.count("{exercise}") >= 3
     assert text.count("{solution-start}") == text.count("{exercise}") == text.count("{solution-end}")
     assert "{solution" not in notebooks.strip_solutions(text)
+
+
+# --- Colab notebooks in plain Markdown --------------------------------------------------
+
+BIB = {
+    "bengal2026mcpg": {"author": "Ben-Gal, Elai and Tong, Stela", "year": "2026",
+                       "journal": "arXiv preprint arXiv:2604.22785", "title": "Marginal-Contribution"},
+    "holmstrom1982moral": {"author": "Holmstr{\\\"o}m, Bengt", "year": "1982", "title": "Moral Hazard"},
+    "three": {"author": "A, B and C, D and E, F", "year": "2020", "doi": "10.1/xyz", "title": "T"},
+}
+LABELS = {"lem-base": "Lemma 1", "ch02": "Chapter 2 (Contribution fields)", "t-ex1": "Exercise 3.1",
+          "sec": "“A section”"}
+MYST = """(sec)=
+## A section
+
+```{prf:lemma} Valid baselines (Lemma 1)
+:label: lem-base
+:nonumber:
+
+Let $B_i$ be a baseline with $\\E[B_i] = 0$.
+```
+
+```{prf:definition} Retention (Section 4)
+:label: def-ret
+
+- first
+```
+
+```{exercise} One
+:label: t-ex1
+
+Do {prf:ref}`lem-base` and {prf:ref}`Lemma 1 again <lem-base>`; see {ref}`ch02` and [the section](sec).
+```
+
+```{solution-start} t-ex1
+:class: dropdown
+```
+
+:::{important}
+Mind {cite}`bengal2026mcpg` and {cite:t}`holmstrom1982moral`, also {cite:p}`three,holmstrom1982moral`.
+:::
+
+```{solution-end}
+```
+
+The function {py:func}`~mcpg.routing.removal_contributions`, {py:class}`mcpg.fields.Game`, {eq}`eq-3`.
+% a MyST comment
+
+```bash
+% not a comment in a code block, nor is {cite}`this`
+```
+"""
+
+
+def test_myst_to_markdown():
+    out = notebooks.myst_to_markdown(MYST, LABELS, BIB, {"E": "\\mathbb{E}"})
+    assert "**Lemma 1 (Valid baselines).** Let $B_i$ be a baseline with $\\mathbb{E}[B_i] = 0$." in out
+    assert "**Definition (Retention (Section 4)).**\n\n- first" in out  # a list starts its own paragraph
+    assert "**Exercise 3.1: One**\n\nDo Lemma 1 and Lemma 1 again; see Chapter 2 (Contribution fields)" in out
+    assert "and the section (“A section”)." in out
+    assert "**Solution to Exercise 3.1**" in out
+    assert "> **Important**\n>\n> Mind ([Ben-Gal and Tong, 2026](https://arxiv.org/abs/2604.22785)) and " \
+           "[Holmström (1982)](" in out
+    assert "also ([A et al., 2020](https://doi.org/10.1/xyz); [Holmström, 1982](" in out
+    assert "`removal_contributions`, `mcpg.fields.Game`, Eq. (eq-3)." in out
+    assert out.endswith("```bash\n% not a comment in a code block, nor is {cite}`this`\n```")
+    prose = out[:out.index("```bash")]
+    for myst in ("{", "```", ":::", "(sec)=", "% a MyST", ":label:", ":class:", "\\E["):
+        assert myst not in prose.replace("\\mathbb{E}", "").replace("{B_i}", ""), myst
+
+
+@pytest.mark.parametrize("md", notebooks.chapters(), ids=lambda p: p.name)
+def test_colab_notebook_has_no_myst_left(md):
+    """Every directive, role and label of the chapter is plain Markdown in its notebook."""
+    text = md.read_text(encoding="utf-8")
+    nb = notebooks._notebook(text, number=int(md.name[:2]))
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    left = re.findall(r"\{(?:prf:[a-z]+|exercise|solution-start|solution-end|cite|ref|numref|eq|py:\w+)\}"
+                      r"|^[`:]{3}\{|^:::|^\([\w-]+\)=$", markdown, re.M)
+    assert not left, left
+    assert all(c.source.strip() for c in nb.cells if c.cell_type == "markdown")
+    results = re.findall(r"^```\{prf:(\w+)\}[ \t]*(.*)$", text, re.M)
+    assert results
+    for kind, title in results:  # each result opens a paragraph with its bold heading
+        heading = notebooks._prf_heading(kind, title)
+        assert re.search(r"^\*\*" + re.escape(heading) + r"\.\*\*", markdown, re.M), heading
+    assert markdown.count("**Exercise ") == text.count("```{exercise}")
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert code == [c.source for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "code"]
+
+
+def test_every_citation_is_in_the_bibliography():
+    bib = notebooks.read_bib()
+    cited = set()
+    for md in notebooks.chapters():
+        for keys in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", md.read_text(encoding="utf-8")):
+            cited |= {k.strip() for k in keys.split(",")}
+    assert cited and cited <= set(bib), sorted(cited - set(bib))
+    assert notebooks.cite("holmstrom1982moral", bib).startswith("([Holmström, 1982](")
+    assert notebooks.cite("bengal2026mcpg", bib, textual=True) == \
+        "[Ben-Gal and Tong (2026)](https://arxiv.org/abs/2604.22785)"
+
+
+# --- the set-up cell ----------------------------------------------------------------------
+
+SETUP = """# T
+
+Words.
+
+```{code-cell} ipython3
+:tags: [hide-output]
+
+import sys
+x = 1
+```
+
+```{code-cell} ipython3
+:tags: [hide-output]
+
+y = 2
+```
+"""
+
+
+def test_fold_setup_folds_the_first_code_cell_only():
+    out = notebooks.fold_setup(SETUP)
+    assert notebooks.fold_setup(out) == out  # idempotent
+    nb = jupytext.reads(out, fmt="md:myst")
+    first, second = [c for c in nb.cells if c.cell_type == "code"]
+    assert first.source == "import sys\nx = 1" and second.source == "y = 2"
+    assert first.metadata["tags"] == ["hide-input", "hide-output"]
+    assert first.metadata["mystnb"] == {"code_prompt_show": notebooks.SETUP_SHOW,
+                                        "code_prompt_hide": notebooks.SETUP_HIDE}
+    assert second.metadata["tags"] == ["hide-output"]
+
+
+@pytest.mark.parametrize("md", notebooks.chapters(), ids=lambda p: p.name)
+def test_set_up_cell_is_folded_and_installs_what_the_chapter_needs(md):
+    """The first code cell: folded on the site (`python scripts/notebooks.py fold-setup`), and
+    in Colab it installs the library with the extras the chapter imports (``llm`` for mcpg.grpo
+    beyond its light objective, transformers, peft)."""
+    text = md.read_text(encoding="utf-8")
+    assert notebooks.fold_setup(text) == text, "run `python scripts/notebooks.py fold-setup`"
+    setup = next(c for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "code")
+    install = re.search(r'%pip install[^\n]*"mcpg(\[[\w,]+\])? @ git\+[^"]+"', setup.source)
+    assert install, "the set-up cell installs the library in Colab"
+    needs_llm = re.search(r"mcpg\.grpo\.(train|agents|models|router)|import (transformers|peft)", text)
+    extras = (install.group(1) or "[]")[1:-1].split(",")
+    assert ("llm" in extras) == bool(needs_llm), f"extras {extras}; the chapter needs llm: {bool(needs_llm)}"

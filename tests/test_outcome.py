@@ -293,3 +293,53 @@ def test_a_zero_propensity_at_the_selected_candidate_is_refused_only_when_weight
     with pytest.raises(ValueError, match="p must be strictly positive"):
         oc.fit_outcome_model(cells, sel, rew, p, weighted=True)
     oc.fit_outcome_model(cells, sel, rew, p, weighted=False)  # the unweighted loss never divides
+
+
+def test_cell_mean_predictions_by_hand_and_cross_fitting():
+    # 4 slates, K = 2; cells of the deployed candidates: 0, 0, 1, 2
+    cells = np.array([[0, 1], [0, 2], [3, 1], [2, 3]])
+    sel = np.array([0, 0, 1, 0])
+    G = np.array([1.0, 0.0, 1.0, 1.0])
+    mu = oc.cell_mean_predictions(cells, sel, G, n_cells=4, prior=0.5, strength=1.0)
+    cell_mean = np.array([(1 + 0 + 0.5) / 3, (1 + 0.5) / 2, (1 + 0.5) / 2, 0.5])
+    np.testing.assert_allclose(mu, cell_mean[cells])
+    # cross-fitted: slate t's predictions ignore the slates of its own fold
+    folds = np.array([0, 1, 0, 1])
+    cf = oc.cell_mean_predictions(cells, sel, G, n_cells=4, folds=folds, prior=0.5, strength=1.0)
+    fit1 = np.array([(0 + 0.5) / 2, 0.5, (1 + 0.5) / 2, 0.5])     # from slates 1 and 3 (fold 1)
+    fit0 = np.array([(1 + 0.5) / 2, (1 + 0.5) / 2, 0.5, 0.5])     # from slates 0 and 2 (fold 0)
+    np.testing.assert_allclose(cf[[0, 2]], fit1[cells[[0, 2]]])
+    np.testing.assert_allclose(cf[[1, 3]], fit0[cells[[1, 3]]])
+    with pytest.raises(ValueError, match="folds"):
+        oc.cell_mean_predictions(cells, sel, G, 4, folds=np.zeros(3, int))
+    with pytest.raises(ValueError, match="strength"):
+        oc.cell_mean_predictions(cells, sel, G, 4, strength=0.0)
+
+
+def test_in_sample_outcome_model_biases_eq19_and_cross_fitting_does_not():
+    # one fixed slate of K = 2, rewards Bernoulli(g); batches of n slates; the in-sample cell mean
+    # of the deployed candidate moves with its own G, so E[Eq. 19] != Delta^rem (Corollary 3 needs
+    # a fixed or cross-fitted model); the cross-fitted one stays unbiased.
+    rng = np.random.default_rng(0)
+    g = np.array([0.7, 0.4])
+    p = np.array([0.8, 0.2])
+    P = np.array([[0.0, 1.0], [1.0, 0.0]])
+    exact = routing.removal_contributions(g, p, P)
+    D, n = 6_000, 6
+    sel = (rng.random((D, n)) > p[0]).astype(int)
+    G = (rng.random((D, n)) < g[sel]).astype(float)
+    cells = np.broadcast_to([0, 1], (n, 2))
+    errs = {"in": [], "cross": []}
+    for d in range(D):
+        for name, folds in (("in", None), ("cross", np.arange(n) % 2)):
+            mu = oc.cell_mean_predictions(cells, sel[d], G[d], 2, folds=folds, strength=0.5)
+            pp, PP = np.tile(p, (n, 1)), np.tile(P, (n, 1, 1))
+            est = routing.dr_removal_contributions(sel[d], G[d], pp, PP, mu)
+            errs[name].append((est - exact).mean(0))
+    for name, e in errs.items():
+        e = np.array(e)
+        m, h = e.mean(0), 4 * e.std(0, ddof=1) / np.sqrt(D)
+        if name == "in":
+            assert (np.abs(m) > h).any()
+        else:
+            assert (np.abs(m) < h).all()

@@ -128,7 +128,7 @@ def test_ipw_outcome_loss_minimiser_is_candidate_mean():
         (lambda: R.router_propensities([1.0, np.nan]), "scores"),
         (lambda: R.router_propensities([1.0, 2.0], tau=0.0), "tau"),
         (lambda: R.router_propensities([1.0, 2.0], eps=1.5), "eps"),
-        (lambda: R.leave_one_out_propensities([1.0]), "scores"),
+        (lambda: R.leave_one_out_propensities([]), "scores"),
         (lambda: R.removal_contributions([1.0, 0.0], [0.5, 0.5, 0.0], np.zeros((3, 3))), "g"),
         (lambda: R.dr_removal_contributions(0, 1.0, [0.0, 1.0], np.zeros((2, 2)), [0.5, 0.5]), "p"),
         (lambda: R.dr_removal_contributions(0, 1.0, [0.5, 0.5], np.zeros((2, 2)), [0.5]), "mu_hat"),
@@ -141,3 +141,13 @@ def test_ipw_outcome_loss_minimiser_is_candidate_mean():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_leave_one_out_one_candidate_is_the_empty_slate():
+    # K = 1: deleting the only candidate leaves an empty slate, which deploys nothing,
+    # so the removal contribution of the single candidate is its whole value p g = g.
+    s = np.array([[0.3], [-2.0]])
+    P = R.leave_one_out_propensities(s, 1.0, 0.1)
+    assert P.shape == (2, 1, 1) and not P.any()
+    p = R.router_propensities(s, 1.0, 0.1)
+    np.testing.assert_allclose(R.removal_contributions([[0.7], [0.2]], p, P), [[0.7], [0.2]])

@@ -21,6 +21,7 @@ from ._checks import as_float_array, check_nonnegative, check_same_shape
 
 __all__ = [
     "allocation_risk",
+    "convex_allocation",
     "corrected_contribution",
     "neyman_allocation",
     "proportional_allocation",
@@ -226,3 +227,35 @@ def simulate_corrected_risk(
     if return_stderr:
         return mean, float(loss.std(ddof=1) / np.sqrt(loss.size)) if loss.size > 1 else np.nan
     return mean
+
+
+def convex_allocation(a, sigma2, eta2, cost, budget, p_min: float = 1e-6, tol: float = 1e-12):
+    """Minimise the risk of Theorem 2 over allocations with a generic convex solver.
+
+    An independent check of Eq. (22) and of Theorem 3: sequential quadratic programming
+    (SciPy's SLSQP) on ``min_p Σ a²((σ²+η²)/p − η²)`` subject to ``Σ p c ≤ C`` and
+    ``p_min ≤ p ≤ 1``, with the analytic gradient, started from the uniform allocation. It uses
+    neither the square-root form nor water-filling. Entries of weight a²(σ²+η²) = 0 are left
+    out (p = 0). Returns ``(p, risk)``; raises if the solver reports failure.
+    """
+    from scipy.optimize import minimize
+
+    a, sigma2, eta2 = _entries(a, sigma2, eta2)
+    cost = _nonneg(cost, "cost")
+    check_same_shape(a, cost, "a", "cost")
+    C = _budget(budget)
+    w2 = (a**2 * (sigma2 + eta2)).ravel()
+    on = w2 > 0
+    c = cost.ravel()[on]
+    x0 = np.clip(np.full(on.sum(), C / max(c.sum(), 1e-300)), p_min, 1.0)
+    scale = np.sum(w2[on] / x0)  # the objective at the start is 1: the solver's tolerances are relative
+    res = minimize(lambda p: np.sum(w2[on] / p) / scale, x0, jac=lambda p: -w2[on] / p**2 / scale,
+                   method="SLSQP", bounds=[(p_min, 1.0)] * int(on.sum()),
+                   constraints=[{"type": "ineq", "fun": lambda p: (C - p @ c) / C, "jac": lambda p: -c / C}],
+                   options={"ftol": tol, "maxiter": 2000})
+    if not res.success:
+        raise RuntimeError(f"the convex solver failed: {res.message}")
+    p = np.zeros(w2.shape)
+    p[on] = res.x
+    p = p.reshape(a.shape)
+    return p, allocation_risk(p, a, sigma2, eta2)

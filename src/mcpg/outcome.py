@@ -488,3 +488,53 @@ def wta_moments(g, p, noise: str = "bernoulli") -> tuple[np.ndarray, np.ndarray]
     g, p = _slate(g, p)
     v = _reward_variance(g, noise)
     return p * g, p * (v + g**2) - (p * g) ** 2
+
+
+def cell_mean_predictions(cells, selected, reward, n_cells: int, folds=None, prior: float = 0.5,
+                          strength: float = 1.0) -> np.ndarray:
+    """A tabular outcome model fitted on selected feedback, predicted for every candidate of every slate.
+
+    The model is the shrunken mean of the observed rewards in each cell,
+    ``(sum of G over deployed candidates in the cell + strength * prior) / (count + strength)``
+    (only the deployed candidate I of a slate has an observed reward). With cells that see
+    everything the router reads (``candidate_cells(..., by="answer")``), condition (17)
+    makes the selected-feedback mean consistent for g_j without weights.
+
+    Args:
+        cells: cell of each candidate, shape (n, K) (:func:`candidate_cells`).
+        selected, reward: the logged I and G, shape (n,).
+        n_cells: the number of cells.
+        folds: None: **in-sample**, every slate's predictions come from one fit on all n
+            slates, its own included; an integer array (n,) of fold labels: **cross-fitted**,
+            slate t's predictions come from a fit on the slates of the other folds only.
+        prior, strength: the shrinkage towards ``prior`` (pseudo-observations).
+
+    Returns mu_hat of shape (n, K). Corollary 3 asks for a fixed or cross-fitted model:
+    in-sample predictions depend on the slate's own G, and Eq. (19) is then biased.
+    """
+    cells = np.asarray(cells)
+    sel = np.asarray(selected)
+    G = np.asarray(reward, dtype=float)
+    n = len(G)
+    if cells.ndim != 2 or cells.shape[0] != n or sel.shape != (n,):
+        raise ValueError(f"cells must have shape (n, K) and selected, reward shape (n,); got {cells.shape}, "
+                         f"{sel.shape}, {G.shape}")
+    if not strength > 0:
+        raise ValueError(f"strength must be positive, got {strength}")
+    obs = cells[np.arange(n), sel]  # the deployed candidate's cell
+    if folds is None:
+        s = np.bincount(obs, weights=G, minlength=n_cells)
+        c = np.bincount(obs, minlength=n_cells).astype(float)
+        return ((s + strength * prior) / (c + strength))[cells]
+    folds = np.asarray(folds)
+    if folds.shape != (n,):
+        raise ValueError(f"folds must have shape ({n},), got {folds.shape}")
+    out = np.empty(cells.shape, dtype=float)
+    s_all = np.bincount(obs, weights=G, minlength=n_cells)
+    c_all = np.bincount(obs, minlength=n_cells).astype(float)
+    for f in np.unique(folds):
+        inf = folds == f
+        s = s_all - np.bincount(obs[inf], weights=G[inf], minlength=n_cells)
+        c = c_all - np.bincount(obs[inf], minlength=n_cells)
+        out[inf] = ((s + strength * prior) / (c + strength))[cells[inf]]
+    return out

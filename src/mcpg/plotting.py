@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["set_theme", "METHOD_COLORS", "mean_ci", "field_heatmap"]
+from .stats import mean_ci  # re-exported: the book's intervals live in mcpg.stats (Student t)
+
+__all__ = ["set_theme", "METHOD_COLORS", "mean_ci", "field_heatmap", "slate_diagram"]
 
 #: One colour per training signal, used by every chapter that compares them.
 METHOD_COLORS = {
@@ -26,18 +28,6 @@ def set_theme() -> None:
                          "savefig.bbox": "tight"})
 
 
-def mean_ci(x, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and half-width of a normal-approximation confidence interval along ``axis``."""
-    from scipy.stats import norm
-
-    x = np.asarray(x, dtype=float)
-    n = x.shape[axis]
-    if n < 2:
-        raise ValueError("x needs at least two samples along axis for an interval")
-    z = norm.ppf(0.5 + level / 2)
-    return x.mean(axis=axis), z * x.std(axis=axis, ddof=1) / np.sqrt(n)
-
-
 def field_heatmap(field: np.ndarray, ax=None, agent_names=None, cmap: str = "vlag", annot: bool = True):
     """Draw a contribution field (agents x backgrounds) as a heatmap; NaN cells (i in S) are blank.
 
@@ -56,4 +46,43 @@ def field_heatmap(field: np.ndarray, ax=None, agent_names=None, cmap: str = "vla
                 xticklabels=labels, yticklabels=names, cbar_kws={"label": r"$\Delta_{i\mid S}$"})
     ax.set_xlabel("background group S")
     ax.set_ylabel("agent i")
+    return ax
+
+
+def slate_diagram(p, selected: int, rewards, ax=None, names=None):
+    """Draw one routed slate: K candidates -> the router (propensities p_j) -> one deployed candidate.
+
+    Only the deployed candidate's reward ``G = R^(I)`` is shown as observed; the others are
+    drawn as "?" (filtered feedback, paper §3.1 and §6.1). ``rewards`` are every candidate's
+    R^(j) (the unobserved ones are printed small, in grey, as what an oracle would see).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    p = np.asarray(p, dtype=float)
+    K = len(p)
+    names = names or [f"$A^{{({j + 1})}}$" for j in range(K)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.8 * K + 0.8))
+    ys = 1.4 * (np.linspace(K - 1, 0, K) - (K - 1) / 2)
+    box = {"boxstyle": "round,pad=0.12", "linewidth": 1.2}
+    for j, y in enumerate(ys):
+        ax.add_patch(FancyBboxPatch((0.0, y - 0.3), 1.9, 0.6, fc="#eef3fa", ec="#1f77b4", **box))
+        ax.text(0.95, y, f"candidate {names[j]}", ha="center", va="center")
+        ax.add_patch(FancyArrowPatch((2.1, y), (3.3, 0), arrowstyle="-|>", mutation_scale=12,
+                                     lw=0.8 + 3 * p[j], color="#555555"))
+        ax.text(2.2, y + 0.22, f"$p_{j + 1} = {p[j]:.2f}$", ha="left", fontsize="small")
+        seen = j == selected
+        ax.text(6.5, y, f"$R^{{({j + 1})}} = {rewards[j]:g}$" if seen else f"$R^{{({j + 1})}}$ = ?",
+                ha="left", va="center", color="k" if seen else "#999999",
+                fontweight="bold" if seen else "normal")
+    ax.add_patch(FancyBboxPatch((3.35, -0.45), 1.3, 0.9, fc="#fff4e5", ec="#ff7f0e", **box))
+    ax.text(4.0, 0, "router\n$I \\sim p$", ha="center", va="center")
+    ax.add_patch(FancyArrowPatch((4.75, 0), (6.3, ys[selected]), arrowstyle="-|>", mutation_scale=14, lw=2,
+                                 color="#ff7f0e"))
+    ax.text(5.5, 0.3 + ys[selected] / 2, f"deploy $I = {selected + 1}$", ha="center", fontsize="small")
+    ax.text(6.5, ys.min() - 0.8, f"observed: $G = R^{{(I)}} = {rewards[selected]:g}$; the rest are never seen",
+            ha="left", fontsize="small")
+    ax.set(xlim=(-0.2, 10.5), ylim=(ys.min() - 1.0, ys.max() + 0.6))
+    ax.axis("off")
     return ax

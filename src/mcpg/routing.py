@@ -72,12 +72,17 @@ def leave_one_out_propensities(scores, tau: float = 1.0, eps: float = 0.0) -> np
     """Propensities p^{-i}_j of the same router on the slate with candidate i deleted.
 
     Returns shape (..., K, K): row i is Eq. (3) applied to the K - 1 candidates other
-    than i (exploration eps / (K - 1)), and ``P[..., i, i] = 0``. Needs K >= 2.
+    than i (exploration eps / (K - 1)), and ``P[..., i, i] = 0``. With K = 1 the slate
+    without the only candidate is empty: it deploys nothing, so its row is all zeros
+    (and the removal contribution of the single candidate is its whole value).
     """
     s = as_float_array(scores, "scores")
     K = s.shape[-1] if s.ndim else 0
-    if K < 2:
-        raise ValueError("scores must hold at least K = 2 candidates to delete one")
+    if K < 1:
+        raise ValueError("scores must hold at least one candidate")
+    _check_tau_eps(tau, eps)
+    if K == 1:
+        return np.zeros(s.shape + (1,))
     rows = np.broadcast_to(s[..., None, :], s.shape[:-1] + (K, K)).copy()
     idx = np.arange(K)
     rows[..., idx, idx] = -np.inf

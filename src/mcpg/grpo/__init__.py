@@ -1,4 +1,4 @@
-"""Multi-agent GRPO for routed LLM agents under filtered feedback (paper §8; DESIGN §6).
+"""Multi-agent GRPO for routed LLM agents under filtered feedback (paper §8).
 
 K agents are LoRA adapters on one frozen base model. For each GSM8K problem every agent
 writes m completions (all agents in one mixed-adapter batch); a learned router picks one

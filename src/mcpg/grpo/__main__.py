@@ -1,49 +1,207 @@
 """Command line of the GRPO engine.
 
-    python -m mcpg.grpo train --config NAME_OR_PATH --signal wta|removal|oracle --output DIR [--updates N] [--resume]
-    python -m mcpg.grpo evaluate --run DIR
+    python -m mcpg.grpo train --config NAME_OR_PATH --signal wta|removal|oracle --output DIR
+                              [--updates N] [--resume] [--threads N] [--no-progress]
+    python -m mcpg.grpo evaluate --run DIR [--threads N] [--no-progress]
 
 Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Several
 GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU processes:
 ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
+
+A mistake in the command (a missing or malformed config file, an --output that is a file,
+a --run that is not a run directory, a config key out of range) ends with one ``error:``
+line on stderr and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+import warnings
+from pathlib import Path
+
+EXAMPLES = """examples:
+  # SmolLM2-135M on a CPU with one torch thread (best when other programs share the cores)
+  python -m mcpg.grpo train --config cpu-smoke --signal removal --output runs/removal --threads 1
+  # re-evaluate that run's final weights on its held-out problems (rewrites eval.json)
+  python -m mcpg.grpo evaluate --run runs/removal --threads 1
+"""
+
+# Third-party warnings that every run prints and that say nothing about the run; each is
+# filtered by its exact message, category and module, so that any other warning still shows.
+KNOWN_WARNINGS = [
+    # peft 0.21 reads the deprecated alias `is_gradient_checkpointing` while wrapping the model
+    # in LoRA (peft_model.py); transformers 5 warns about it. Nothing here uses the alias.
+    dict(message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+         module=r"transformers\.modeling_utils"),
+    # When saving adapters offline, peft cannot ask the hub whether the base model's config
+    # exists (tiny-random and the GGUF model have no hub id) and assumes the vocabulary was
+    # not modified. That is true: the LoRA adapters never touch the embeddings.
+    dict(message=r"Could not find a config file in .* will assume that the vocabulary was not modified",
+         category=UserWarning, module=r"peft\.utils\.save_and_load"),
+]
 
 
-def main(argv: list[str] | None = None) -> int:
+def filter_known_warnings() -> None:
+    """Hide the :data:`KNOWN_WARNINGS` (and only those)."""
+    for spec in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", **spec)
+
+
+def hide_loading_progress() -> None:
+    """No progress bars while a model loads: transformers' and the hub's, and the GGUF one.
+
+    ``transformers.utils.logging.disable_progress_bar()`` silences the "Loading weights" bar
+    but not the "Converting and de-quantizing GGUF tensors" bar: transformers' GGUF loader
+    calls tqdm itself, and the ``TQDM_DISABLE`` variable is read only when tqdm is first
+    imported (torch imports it). The loader looks ``tqdm`` up in its module when it runs, so
+    that one name is replaced by a tqdm that is disabled.
+    """
+    try:
+        import transformers
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no transformers, or one without GGUF support: no bars to hide
+        return
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        pass
+    else:
+        disable_progress_bars()
+    if not isinstance(getattr(gguf_utils, "tqdm", None), functools.partial):
+        gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
+
+
+class UsageError(Exception):
+    """A mistake in the command line; reported as one ``error:`` line."""
+
+
+def _threads(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
     from .configs import CONFIGS
     from .objective import SIGNALS
 
-    parser = argparse.ArgumentParser(prog="python -m mcpg.grpo", description=__doc__.split("\n\n")[0])
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="python -m mcpg.grpo", description=__doc__.split("\n\n")[0],
+                                     epilog=EXAMPLES, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train K routed LoRA agents with one credit signal")
+    threads_help = ("torch CPU threads (default: the config's 'threads', else torch's one per core); "
+                    "1 is fastest when other programs share the cores, whose threads would otherwise "
+                    "wait for one another at every operation")
+    t = sub.add_parser("train", help="train K routed LoRA agents with one credit signal",
+                       description="Train K routed LoRA agents with one credit signal; write a run folder.",
+                       epilog=EXAMPLES, formatter_class=fmt)
     t.add_argument("--config", required=True, help=f"a named config {sorted(CONFIGS)} or a JSON file")
     t.add_argument("--signal", required=True, help=f"credit signal: one of {list(SIGNALS)}")
-    t.add_argument("--output", required=True, help="run directory")
+    t.add_argument("--output", required=True, help="run directory (new, or an interrupted run with --resume)")
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")
     t.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress bars")
-    e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json")
-    e.add_argument("--run", required=True, help="run directory")
-    e.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
+    t.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
+    t.add_argument("--no-progress", action="store_true", help="no progress bars (also none while loading)")
+    e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json",
+                       description="Evaluate a run's final weights (or checkpoint); rewrite eval.json.",
+                       epilog=EXAMPLES, formatter_class=fmt)
+    e.add_argument("--run", required=True, help="run directory written by train")
+    e.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
+    e.add_argument("--no-progress", action="store_true", help="no progress bars (also none while loading)")
+    return parser
 
+
+def _read_json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno}, column {err.colno}"
+        raise UsageError(f"{what} {path} is not valid JSON: {err.msg} ({where})")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not a UTF-8 text file")
+
+
+def _config_of_command(args) -> dict:
+    """Check the paths of the command and return the config it will run with (for ``threads``)."""
+    from .configs import CONFIGS, resolve_config
+
+    if args.command == "evaluate":
+        run = Path(args.run)
+        if not run.is_dir():
+            raise UsageError(f"--run {run} does not exist (no config.json to read)" if not run.exists()
+                             else f"--run {run} is a file, not a run directory")
+        if not (run / "config.json").is_file():
+            raise UsageError(f"--run {run} is not a run directory (it has no config.json)")
+        saved = _read_json(run / "config.json", "run config")
+        return resolve_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {out} is an existing file; give a directory (new, or a run to --resume)")
+    existing = next((p for p in out.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"--output {out}: {existing} is a file, so the directory cannot be made")
+    if args.resume:
+        if not (out / "config.json").is_file():
+            raise UsageError(f"--output {out} holds no run to resume (no config.json)")
+        saved = _read_json(out / "config.json", "run config")
+        return resolve_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+    if args.config in CONFIGS:
+        return resolve_config(args.config)
+    path = Path(args.config)
+    if not path.exists():
+        raise UsageError(f"--config {args.config!r} is neither a named config {sorted(CONFIGS)} nor a file")
+    if not path.is_file():
+        raise UsageError(f"--config {path} is a directory, not a JSON file")
+    _read_json(path, "config file")
+    try:
+        return resolve_config(str(path))
+    except ValueError as err:
+        raise UsageError(f"config file {path}: {err}")
+
+
+def _run(args) -> dict:
+    cfg = _config_of_command(args)
+    threads = args.threads or cfg.get("threads") or 0
+    if threads:
+        import torch
+
+        # torch starts one thread per core. When other programs use the cores too, those
+        # threads wait for one another at the end of every operation, and the small matrix
+        # products of a 135M model slow down many times over; fewer threads avoid that.
+        torch.set_num_threads(threads)
+    if args.no_progress:
+        hide_loading_progress()
+    filter_known_warnings()
     from .train import evaluate_run, train
 
+    progress = False if args.no_progress else None
+    if args.command == "evaluate":
+        return evaluate_run(args.run, progress=progress)
+    overrides = {"threads": args.threads} if args.threads and not args.resume else {}
+    return train(args.config, args.signal, args.output, updates=args.updates, resume=args.resume,
+                 progress=progress, **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "train":
-            result = train(args.config, args.signal, args.output, updates=args.updates, resume=args.resume,
-                           progress=False if args.no_progress else None)
-        else:
-            result = evaluate_run(args.run, progress=False if args.no_progress else None)
-    except ValueError as err:
+        result = _run(args)
+    except (UsageError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # e.g. a directory without write permission
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch / torchrun: the main process reports
         print(json.dumps(result, indent=2))

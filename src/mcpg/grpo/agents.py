@@ -18,10 +18,19 @@ share one prefill: the prompt's KV cache is computed once, in the same mixed-ada
 and copied to the m rows before decoding.
 
 The actor loss needs every row's token log-probabilities under its own adapter; they too
-come from one mixed-adapter forward pass (:meth:`AgentPool.token_logprobs`). peft only
-allows ``adapter_names`` in eval mode, so the model stays in eval mode throughout; that
-changes nothing here because LoRA dropout is 0 and the base model has no active dropout,
-and gradients flow as usual.
+come from one mixed-adapter forward pass (:meth:`AgentPool.token_logprobs`). The model stays
+in eval mode throughout (peft allows ``adapter_names`` only in eval mode); that changes
+nothing here because LoRA dropout is 0 and the base model has no active dropout, and
+gradients flow as usual.
+
+Speed and memory (issue "The engine at GPU speed"): by default the mixed batches do not go
+through peft's per-adapter split but through :class:`mcpg.grpo.multilora.MultiLoRA`, which
+applies all K adapters with 3 batched ops per LoRA layer (exactly the same function);
+scoring computes the hidden states once, then the output head, log-softmax and the chosen
+tokens' log-probabilities in chunks of ``logprob_chunk`` tokens, each recomputed in the
+backward pass, so full-vocabulary logits of more than one chunk are never held; and with
+``gradient_checkpointing`` each decoder layer keeps only its input for the backward pass and
+recomputes the rest.
 
 Row layout of a rollout: for prompt b, agent k and completion g the row index is
 ``(b * K + k) * m + g``; so ``x.view(B, K, m)`` then ``.transpose(1, 2)`` gives the
@@ -31,16 +40,17 @@ every agent).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-__all__ = ["AgentSpec", "RowTemperature", "Rollout", "AgentPool", "selective_logprobs"]
+from .multilora import BASE, MultiLoRA, supported
 
-BASE = "__base__"
-"""peft's adapter name for the frozen base model in a mixed batch."""
+__all__ = ["AgentSpec", "RowTemperature", "Rollout", "AgentPool", "selective_logprobs", "BASE"]
 
 INSTRUCTION = (
     "Solve the math word problem. Write the final answer as a number on the last line in the "
@@ -81,7 +91,29 @@ class RowTemperature:
         self.temperatures = temperatures.reshape(-1, 1)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return scores / self.temperatures.to(device=scores.device, dtype=scores.dtype)
+        if self.temperatures.device != scores.device or self.temperatures.dtype != scores.dtype:
+            # moved once, not at every step
+            self.temperatures = self.temperatures.to(device=scores.device, dtype=scores.dtype)
+        return scores / self.temperatures
+
+
+class _SamplerLogprobs:
+    """A logits processor (last in the list) recording ``log softmax`` of the distribution each
+    token was sampled from, at the sampled token: the generator's own log-probabilities."""
+
+    def __init__(self):
+        self.prev, self.picked = None, []
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, input_ids[:, -1:]))
+        self.prev = torch.log_softmax(scores.float(), -1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, last_tokens[:, None]))
+        return torch.cat(self.picked, 1)
 
 
 class _StepProgress:
@@ -108,6 +140,8 @@ class Rollout:
     ``prompt_ids``/``prompt_mask`` are left-padded, ``completion_ids``/``completion_mask``
     right-padded; the mask covers the completion up to and including its first EOS token
     (TRL's convention). ``adapters[r]`` and ``temperatures[r]`` say who generated row r.
+    ``sampler_logprobs`` (only with ``generate(..., keep_logprobs=True)``) holds the
+    generator's log-probability of each completion token (meaningful where the mask is 1).
     """
 
     prompt_ids: torch.Tensor
@@ -118,6 +152,7 @@ class Rollout:
     adapters: list[str]
     temperatures: torch.Tensor
     truncated: torch.Tensor = field(default=None)
+    sampler_logprobs: torch.Tensor = field(default=None)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -130,6 +165,7 @@ class Rollout:
             self.prompt_ids[t], self.prompt_mask[t], self.completion_ids[t], self.completion_mask[t],
             [self.texts[i] for i in idx], [self.adapters[i] for i in idx], self.temperatures[t],
             None if self.truncated is None else self.truncated[t],
+            None if self.sampler_logprobs is None else self.sampler_logprobs[t],
         )
 
 
@@ -147,11 +183,20 @@ class AgentPool:
             agent starts as the base model and they differ only by prompt and temperature).
         share_prefill: compute the prompt's KV cache once per (prompt, agent) pair and copy it
             to that pair's m completions, instead of m identical prefills.
+        multilora: apply the adapters of a mixed batch with :class:`~mcpg.grpo.multilora.MultiLoRA`
+            (3 batched ops per LoRA layer) instead of peft's per-adapter split; the same function,
+            far fewer ops (kernel launches on a GPU). Falls back to peft when the LoRA layers are
+            not plain ``Linear`` ones.
+        gradient_checkpointing: in differentiable scoring, keep only each decoder layer's input
+            for the backward pass and recompute the layer then (less memory, one more forward).
+        logprob_chunk: tokens (rows x positions) per chunk of the output head and log-softmax in
+            scoring; 0: all at once (holds the full-vocabulary logits of the whole batch).
     """
 
     def __init__(self, base_model, tokenizer, agents: list[AgentSpec], lora_r: int = 8, lora_alpha: int = 16,
-                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0, share_prefill: bool = True,
-                 instruction: str | None = None):
+                 lora_dropout: float = 0.0, target_modules="all-linear", seed: int = 0,
+                 share_prefill: bool = True, multilora: bool = True, gradient_checkpointing: bool = True,
+                 logprob_chunk: int = 512, instruction: str | None = None):
         from peft import LoraConfig, get_peft_model
 
         if len(agents) < 1:
@@ -167,7 +212,11 @@ class AgentPool:
         self.instruction = INSTRUCTION if instruction is None else str(instruction)
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=target_modules,
                          task_type="CAUSAL_LM", bias="none")
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # peft reads transformers' deprecated `is_gradient_checkpointing` (renamed in transformers 5);
+            # a warning about peft's code, nothing this pool can change
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
             torch.manual_seed(seed)
             model = get_peft_model(base_model, cfg, adapter_name=names[0])
             for name in names[1:]:
@@ -177,6 +226,13 @@ class AgentPool:
             param.requires_grad_(".lora_" in pname)
         model.eval()
         self.model = model
+        if logprob_chunk < 0:
+            raise ValueError(f"logprob_chunk must be >= 0, got {logprob_chunk}")
+        self.logprob_chunk = int(logprob_chunk)
+        self.multilora = MultiLoRA(model, names) if multilora and supported(model, names) else None
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self._checkpointing = False  # True only inside differentiable scoring
+        self._install_checkpointing()
 
     # -- prompts -------------------------------------------------------------------------
     @property
@@ -202,13 +258,14 @@ class AgentPool:
     @torch.no_grad()
     def generate(self, prompts: list[str], adapters: list[str], temperatures, max_new_tokens: int,
                  greedy: bool = False, batch_size: int | None = None, progress=None,
-                 min_new_tokens: int = 0) -> Rollout:
+                 min_new_tokens: int = 0, keep_logprobs: bool = False) -> Rollout:
         """Generate one completion per row, all rows' adapters mixed in each batch.
 
         ``progress`` is an optional tqdm bar advanced by one per decoding step, with
         ``max_new_tokens`` steps per batch;
         ``min_new_tokens`` forbids EOS before that many tokens (benchmarks use it to fix
-        the amount of work).
+        the amount of work). ``keep_logprobs`` records the generator's own log-probability of
+        every sampled token in ``Rollout.sampler_logprobs`` (a check of the scoring pass).
         """
         n = len(prompts)
         if len(adapters) != n:
@@ -218,15 +275,23 @@ class AgentPool:
             raise ValueError("temperatures must hold one positive temperature per prompt")
         bs = n if not batch_size else int(batch_size)
         parts = [self._generate_batch(prompts[i:i + bs], adapters[i:i + bs], temps[i:i + bs],
-                                      max_new_tokens, greedy, progress, min_new_tokens) for i in range(0, n, bs)]
+                                      max_new_tokens, greedy, progress, min_new_tokens, keep_logprobs)
+                 for i in range(0, n, bs)]
         return _concat(parts, self.tokenizer.pad_token_id)
 
-    def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress, min_new_tokens=0) -> Rollout:
+    def _mixed(self, adapters: list[str]):
+        """``(context, kwargs)`` for a forward pass or ``generate`` whose row r uses ``adapters[r]``."""
+        if self.multilora is not None:
+            return self.multilora.rows(list(adapters)), {}
+        return contextlib.nullcontext(), {"adapter_names": list(adapters)}
+
+    def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress, min_new_tokens=0,
+                        keep_logprobs=False) -> Rollout:
         from transformers import LogitsProcessorList
 
         tok, dev = self.tokenizer, self.device
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      adapter_names=list(adapters))
+        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tok.pad_token_id,
+                  "eos_token_id": tok.eos_token_id}
         if min_new_tokens:
             kwargs["min_new_tokens"] = min_new_tokens
         processors = LogitsProcessorList()
@@ -237,6 +302,9 @@ class AgentPool:
             processors.append(RowTemperature(temps))
         if progress is not None:
             processors.append(_StepProgress(progress))
+        recorder = _SamplerLogprobs() if keep_logprobs else None
+        if recorder is not None:
+            processors.append(recorder)
 
         # Shared prefill: the m completions of one (prompt, agent) pair start from the same
         # prompt, so its KV cache is computed once (mixed adapters, all but the last prompt
@@ -248,15 +316,19 @@ class AgentPool:
         input_ids, attention = enc.input_ids[row_map], enc.attention_mask[row_map]
         if self.share_prefill and len(uniq) < len(keys) and enc.input_ids.shape[1] >= 2:
             position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
-            with torch.no_grad():
+            ctx, extra = self._mixed([a for _, a in uniq])
+            with torch.no_grad(), ctx:
                 out = self.model(input_ids=enc.input_ids[:, :-1], attention_mask=enc.attention_mask[:, :-1],
-                                 position_ids=position_ids[:, :-1], adapter_names=[a for _, a in uniq],
-                                 use_cache=True, logits_to_keep=1)
+                                 position_ids=position_ids[:, :-1], use_cache=True, logits_to_keep=1, **extra)
             name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
             cache = out[name]
             cache.batch_select_indices(row_map)
             kwargs[name] = cache
-        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, logits_processor=processors)
+        ctx, extra = self._mixed(adapters)
+        with ctx:
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, **extra,
+                                      logits_processor=processors)
+        sampler_lp = None if recorder is None else recorder.finish(out[:, -1]).cpu()
         completion = out[:, input_ids.shape[1]:].cpu()
         is_eos = completion == tok.eos_token_id
         has_eos = is_eos.any(dim=1)
@@ -267,34 +339,147 @@ class AgentPool:
         texts = tok.batch_decode(completion, skip_special_tokens=True)
         if progress is not None:  # generation may stop early (every row hit EOS): fill the bar
             progress.update(max_new_tokens - completion.shape[1])
-        return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(), ~has_eos)
+        return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(),
+                       ~has_eos, sampler_lp)
 
     # -- scoring -------------------------------------------------------------------------
+    def _install_checkpointing(self) -> None:
+        """Wrap each decoder layer's forward so that, inside differentiable scoring only, it runs
+        under non-reentrant ``torch.utils.checkpoint`` (the model stays in eval mode, where
+        transformers' own gradient checkpointing would not engage). The recomputation in the
+        backward pass sees the same mixed-adapter rows as the forward pass."""
+        from torch.utils.checkpoint import checkpoint
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        pool = self
+
+        def context_fn():
+            state = None if pool.multilora is None else pool.multilora.snapshot()
+            again = contextlib.nullcontext() if pool.multilora is None else pool.multilora.restored(state)
+            return contextlib.nullcontext(), again
+
+        def wrap(inner):
+            def forward(*args, **kwargs):
+                if pool._checkpointing and pool.gradient_checkpointing and torch.is_grad_enabled():
+                    return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+                return inner(*args, **kwargs)
+            return forward
+
+        for module in self.model.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.forward = wrap(module.forward)
+
+    def _head_parts(self):
+        """``(decoder, head)`` when the logits are exactly ``head(decoder(...).last_hidden_state)``
+        (no soft-capping or logit scaling, head not adapted); otherwise None."""
+        base = self.model.get_base_model()
+        cfg = base.config
+        scaled = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+        if any(getattr(cfg, k, None) not in (None, 1.0) for k in scaled):
+            return None
+        decoder, head = getattr(base, "model", None), base.get_output_embeddings()
+        if decoder is None or type(head) is not torch.nn.Linear:
+            return None
+        return decoder, head
+
     def token_logprobs(self, batch: Rollout) -> torch.Tensor:
         """Log-probabilities (N, T) of each row's completion tokens under its own adapter.
 
         One mixed-adapter forward pass; logits are divided by the row's sampling temperature
         first (as TRL does with its single temperature), so these are the log-probabilities
         of the distribution that sampled the tokens. Differentiable in the adapters.
+        The output head and log-softmax run on chunks of ``logprob_chunk`` tokens (each
+        recomputed in the backward pass), so at most one chunk's full-vocabulary logits is
+        held at a time.
         """
         dev = self.device
         prompt_ids, completion_ids = batch.prompt_ids.to(dev), batch.completion_ids.to(dev)
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention = torch.cat([batch.prompt_mask.to(dev), batch.completion_mask.to(dev)], dim=1)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # the positions generate() used
-        T = completion_ids.shape[1]
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                         adapter_names=list(batch.adapters), logits_to_keep=T + 1, use_cache=False)
-        logits = out.logits[:, :-1, :].float() / batch.temperatures.to(dev).reshape(-1, 1, 1)
-        return selective_logprobs(logits, completion_ids)
+        N, T = completion_ids.shape
+        temps = batch.temperatures.to(dev)
+        parts = self._head_parts() if self.logprob_chunk and self.multilora is not None else None
+        keys = [(tuple(batch.prompt_ids[r].tolist()), a) for r, a in enumerate(batch.adapters)]
+        uniq = list(dict.fromkeys(keys))
+        if parts is not None and self.share_prefill and len(uniq) < len(keys):
+            hidden = self._shared_prompt_hidden(parts[0], batch, keys, uniq, input_ids, attention, position_ids)
+            head = parts[1]
+        else:
+            ctx, extra = self._mixed(batch.adapters)
+            self._checkpointing = True
+            try:
+                with ctx:
+                    if parts is None:  # the model's own forward: full-vocabulary logits of the whole batch
+                        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                                         logits_to_keep=T + 1, use_cache=False, **extra)
+                        logits = out.logits[:, :-1, :].float() / temps.reshape(-1, 1, 1)
+                        return selective_logprobs(logits, completion_ids)
+                    decoder, head = parts
+                    out = decoder(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
+                                  position_ids=position_ids[:, :-1], use_cache=False, **extra)
+                    hidden = out.last_hidden_state
+            finally:
+                self._checkpointing = False
+            hidden = hidden[:, -T:]
+        hidden = hidden.reshape(N * T, -1)
+        tokens = completion_ids.reshape(-1)
+        row_temps = temps.repeat_interleave(T)
+        out = []
+        for i in range(0, N * T, self.logprob_chunk):
+            sl = slice(i, i + self.logprob_chunk)
+            if torch.is_grad_enabled() and hidden.requires_grad:
+                from torch.utils.checkpoint import checkpoint
+
+                out.append(checkpoint(_head_logprobs, hidden[sl], tokens[sl], row_temps[sl], head,
+                                      use_reentrant=False))
+            else:
+                out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
+        return torch.cat(out).reshape(N, T)
+
+    def _shared_prompt_hidden(self, decoder, batch, keys, uniq, input_ids, attention, position_ids):
+        """Hidden states (N, T, d) that predict each row's completion tokens, with each (prompt,
+        agent) pair's prompt run once.
+
+        The m completions of one pair share their prompt, so it is run once, with gradients, and
+        its KV cache is indexed out to the m rows (autograd sums the rows' gradients through the
+        indexing): the same log-probs and gradients as one pass over every row's prompt +
+        completion, at 1/m of the prompt's cost. Decoder layers are not checkpointed here (a
+        recomputed layer would append to the KV cache again); the prompt's activations are
+        already m times fewer.
+        """
+        dev = self.device
+        P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
+        rep = torch.tensor([keys.index(k) for k in uniq], device=dev)
+        ctx, extra = self._mixed([a for _, a in uniq])
+        with ctx:
+            out = decoder(input_ids=input_ids[rep, :P], attention_mask=attention[rep, :P],
+                          position_ids=position_ids[rep, :P], use_cache=True, **extra)
+        hidden = [out.last_hidden_state[:, -1:][row_map]]  # predicts each row's first completion token
+        if T > 1:
+            name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
+            cache = out[name]
+            cache.batch_select_indices(row_map)
+            ctx, extra = self._mixed(batch.adapters)
+            with ctx:
+                rest = decoder(input_ids=input_ids[:, P:-1], attention_mask=attention[:, :-1],
+                               position_ids=position_ids[:, P:-1], use_cache=True, **{name: cache}, **extra)
+            hidden.append(rest.last_hidden_state)
+        return torch.cat(hidden, dim=1)
 
     # -- persistence ---------------------------------------------------------------------
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         """One adapter's weights, keyed by parameter name with the adapter name removed."""
         from peft import get_peft_model_state_dict
 
-        return {k: v.detach().cpu().clone().contiguous() for k, v in
-                get_peft_model_state_dict(self.model, adapter_name=name).items()}
+        with warnings.catch_warnings():
+            # peft looks for the base model's config.json to see whether the vocabulary was resized;
+            # a GGUF base (SmolLM2 offline) has none next to it. The adapters never touch the
+            # embeddings (LoRA on linear layers only), so peft's assumption "not modified" is right.
+            warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)
+            state = get_peft_model_state_dict(self.model, adapter_name=name)
+        return {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
         from peft import set_peft_model_state_dict
@@ -324,6 +509,12 @@ class AgentPool:
             self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
 
 
+def _head_logprobs(hidden, tokens, temps, head):
+    """Temperature-scaled log-probabilities of ``tokens`` from hidden states through the head."""
+    logits = head(hidden).float() / temps[:, None]
+    return selective_logprobs(logits, tokens)
+
+
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
     if len(parts) == 1:
         return parts[0]
@@ -341,4 +532,6 @@ def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
         cat([p.completion_ids for p in parts], False, pad_id), cat([p.completion_mask for p in parts], False, 0),
         sum((p.texts for p in parts), []), sum((p.adapters for p in parts), []),
         torch.cat([p.temperatures for p in parts]), torch.cat([p.truncated for p in parts]),
+        None if any(p.sampler_logprobs is None for p in parts) else
+        cat([p.sampler_logprobs for p in parts], False, 0),
     )

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "task_splits", "write_task"]
+from ..stats import SPECIALTIES  # the one definition (money, time, geometry); re-exported here
 
-SPECIALTIES: tuple[str, ...] = ("money", "time", "geometry")
-"""The three specialties of the default agents (``mcpg.grpo.configs.DEFAULT_AGENTS``)."""
+__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "task_splits", "write_task"]
 
 OPERATIONS: tuple[str, ...] = ("add", "sub", "add_sub")
 """``add``: a + b; ``sub``: a - b (never negative); ``add_sub``: a + b - c (two steps)."""

@@ -18,6 +18,8 @@ A model spec (the ``model`` entry of a config) is one of:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -164,12 +166,44 @@ def _forget_gguf_quantization(model) -> None:
             module.config._is_quantized = False
 
 
+@contextlib.contextmanager
+def _quiet_loading():
+    """No progress bars while loading: transformers' own ("Loading weights", through its
+    logging helpers, switched off and back on) and the GGUF "Converting and de-quantizing"
+    bar, which ``transformers.modeling_gguf_pytorch_utils`` draws with ``tqdm`` directly
+    (transformers 5.x), so that module's ``tqdm`` is swapped for a disabled one meanwhile."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:  # an older or newer layout: nothing to silence there
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", seed: int = 0):
     """Load ``(model, tokenizer, source)`` for a model spec; see the module docstring.
 
     The tokenizer pads on the left (for batched generation) and has a pad token; ``source``
     says where the weights came from (``"tiny-random"``, a hub id, or a GGUF path).
+    Loading prints no progress bars (:func:`_quiet_loading`).
     """
+    with _quiet_loading():
+        return _load_base(spec, dtype, device, seed)
+
+
+def _load_base(spec: str, dtype: str | None, device: str, seed: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _dtype(dtype)

@@ -15,9 +15,13 @@ candidate ``I`` and its reward ``G = R^(I)``. This module turns them into a loss
    - ``"oracle"``: a diagnostic that is *not* available under filtered feedback: the exact
      removal contribution with ``g_j = R^(j)``, every candidate's own reward.
 
-2. :func:`group_standardize` standardises each agent's scores within its group of m
-   completions of the same prompt (GRPO's group-relative advantage), so the routed methods
-   differ only in the signal.
+2. :func:`group_advantages` turns each agent's scores into advantages within its group of
+   m completions of the same prompt, in TRL's conventions (``scale_rewards="group"``:
+   :func:`group_standardize`, GRPO's group-relative advantage; ``"none"``: centred only, as
+   in Dr. GRPO), so the routed methods differ only in the signal.
+
+   :func:`route_and_credit` chains the whole step "route, draw I, credit, advantages"; the
+   LLM engine and the simulated pool of chapter 7 both call it, so the two cannot drift.
 
 3. :func:`clipped_grpo_loss` is the token-level PPO-clip objective in TRL's conventions
    (``GRPOTrainer._compute_loss``), applied to each agent's adapter.
@@ -32,20 +36,39 @@ the simulated pool of chapter 7 can use it without an LLM stack.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
 
 from .. import routing
 
-__all__ = ["SIGNALS", "LOSS_TYPES", "credit", "group_standardize", "clipped_grpo_loss"]
+__all__ = [
+    "SIGNALS",
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
+    "ADVANTAGE_EPS",
+    "credit",
+    "group_standardize",
+    "group_advantages",
+    "zero_std_groups",
+    "RoutedCredit",
+    "route_and_credit",
+    "clipped_grpo_loss",
+]
 
 SIGNALS: tuple[str, ...] = ("wta", "removal", "oracle")
 """The credit signals that :func:`credit` knows."""
 
 LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 """Token aggregations of :func:`clipped_grpo_loss`, named as TRL's ``GRPOConfig.loss_type``."""
+
+SCALE_REWARDS: tuple[str, ...] = ("group", "none")
+"""Advantage scalings of :func:`group_advantages`, named as TRL's ``GRPOConfig.scale_rewards``."""
+
+ADVANTAGE_EPS: float = 1e-4
+"""Added to the group standard deviation before dividing: TRL's ``GRPOTrainer`` constant."""
 
 
 def _np(x, name: str) -> np.ndarray:
@@ -112,7 +135,7 @@ def credit(
     return routing.removal_contributions(R, p, _np(P, "P"))
 
 
-def group_standardize(scores, eps: float = 1e-6, axis: int = -2):
+def group_standardize(scores, eps: float = ADVANTAGE_EPS, axis: int = -2):
     """GRPO's group-relative advantage, per agent: ``(x - mean) / (std + eps)`` over the group.
 
     Each agent's group is its m completions of one prompt, which sit on ``axis``
@@ -137,6 +160,117 @@ def group_standardize(scores, eps: float = 1e-6, axis: int = -2):
     std = x.std(dim=axis, keepdim=True, unbiased=True)
     out = (x - mean) / (std + eps)
     return out if is_torch else out.numpy()
+
+
+def group_advantages(scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2):
+    """Per-agent group advantages in TRL's conventions (``GRPOConfig.scale_rewards``).
+
+    - ``"group"``: ``(x - mean) / (std + eps)`` within each group (:func:`group_standardize`;
+      unbiased std, TRL's ``eps = 1e-4``);
+    - ``"none"``: ``x - mean``, centred only (Dr. GRPO), which keeps the signal's scale, so an
+      unbiased credit signal (Corollary 3) stays an unbiased direction after the baseline.
+
+    The group (one prompt's m completions) sits on ``axis``; agents on the last axis are
+    treated separately. numpy in, numpy out; torch in, torch out.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    if scale_rewards == "group":
+        return group_standardize(scores, eps=eps, axis=axis)
+    is_torch = isinstance(scores, torch.Tensor)
+    x = scores if is_torch else torch.as_tensor(_np(scores, "scores"), dtype=torch.float64)
+    if torch.isnan(x).any():
+        raise ValueError("scores contains NaN")
+    if x.ndim == 0:
+        raise ValueError("scores must have a group axis")
+    if x.shape[axis] < 2:
+        raise ValueError(f"scores needs at least 2 completions per group on axis {axis}, got {x.shape[axis]}")
+    out = x - x.mean(dim=axis, keepdim=True)
+    return out if is_torch else out.numpy()
+
+
+def zero_std_groups(scores, axis: int = -2) -> np.ndarray:
+    """Which groups have scores with zero spread (no learning signal after the baseline).
+
+    Returns a boolean array: ``scores`` with ``axis`` removed, True where the group's
+    unbiased standard deviation is zero by TRL's test (``isclose(std, 0)``, its
+    ``frac_reward_zero_std`` metric). The mean over everything but the last (agent) axis
+    is each agent's zero-std fraction.
+    """
+    x = _np(scores, "scores").astype(float)
+    if x.ndim == 0 or x.shape[axis] < 2:
+        raise ValueError("scores needs a group axis with at least 2 completions")
+    std = x.std(axis=axis, ddof=1)
+    return np.isclose(std, 0.0, rtol=1e-5, atol=1e-8)
+
+
+@dataclass(frozen=True)
+class RoutedCredit:
+    """What :func:`route_and_credit` returns for one routed rollout of shape ``(..., m, K)``.
+
+    Attributes:
+        I: the deployed candidate of each slate, ints ``(..., m)``.
+        G: its reward ``R^(I)``, the only reward fed back, ``(..., m)``.
+        scores: the signal's per-agent credit (:func:`credit`), ``(..., m, K)``.
+        advantages: the per-agent group advantages (:func:`group_advantages`), ``(..., m, K)``.
+        zero_std_fraction: per agent, the share of groups whose scores have zero spread, ``(K,)``.
+    """
+
+    I: np.ndarray  # noqa: E741 (the paper's name)
+    G: np.ndarray
+    scores: np.ndarray
+    advantages: np.ndarray
+    zero_std_fraction: np.ndarray
+
+
+def route_and_credit(
+    signal: Literal["wta", "removal", "oracle"],
+    p,
+    P,
+    mu_hat,
+    rewards_all,
+    rng: np.random.Generator | Sequence[np.random.Generator],
+    scale_rewards: str = "group",
+    advantage_eps: float = ADVANTAGE_EPS,
+) -> RoutedCredit:
+    """Route, draw I, credit, advantages: one step of the multi-agent GRPO update (paper §8).
+
+    1. draw the deployed candidate ``I ~ p`` on every slate (Eq. 3's propensities, logged);
+    2. feed back only ``G = R^(I)`` (filtered feedback);
+    3. score each agent with ``signal`` (:func:`credit`; only ``"oracle"`` reads all of R);
+    4. form per-agent group advantages over the m slates of a prompt (:func:`group_advantages`).
+
+    Args:
+        signal: one of :data:`SIGNALS`.
+        p: propensities ``(..., m, K)``; P: leave-one-out propensities ``(..., m, K, K)``;
+            mu_hat: the outcome model ``(..., m, K)``.
+        rewards_all: every candidate's reward ``R^(j)``, ``(..., m, K)``. The loop needs it to
+            look up ``G = R^(I)``; the signals other than ``"oracle"`` never see the rest.
+        rng: a generator, or a sequence of generators, one per index of the first axis (the
+            simulated pool runs independent seeds side by side).
+        scale_rewards, advantage_eps: TRL's advantage scaling (:data:`SCALE_REWARDS`, ``1e-4``).
+
+    K = 1 works: removal's leave-one-out slate is empty (deploys nothing, value 0), so
+    removal, winner-take-all and the oracle all credit the single agent with G.
+    """
+    p = _np(p, "p").astype(float)
+    R = _np(rewards_all, "rewards_all").astype(float)
+    if p.ndim < 2 or R.shape != p.shape:
+        raise ValueError(f"p and rewards_all must share a shape (..., m, K); got {p.shape} and {R.shape}")
+    if isinstance(rng, np.random.Generator):
+        I = routing.sample_selection(p, rng)  # noqa: E741 (the paper's name)
+    else:
+        rngs = list(rng)
+        if p.ndim < 3 or len(rngs) != p.shape[0]:
+            raise ValueError(f"one generator per index of the first axis is needed "
+                             f"({p.shape[0]}), got {len(rngs)}")
+        I = np.stack([routing.sample_selection(p[s], r) for s, r in enumerate(rngs)])  # noqa: E741
+    G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
+    scores = credit(signal, I, G, p, P, mu_hat, rewards_all=R if signal == "oracle" else None)
+    adv = group_advantages(scores, scale_rewards=scale_rewards, eps=advantage_eps, axis=-2)
+    zs = zero_std_groups(scores, axis=-2)
+    return RoutedCredit(I=I, G=G, scores=scores, advantages=adv,
+                        zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0))
 
 
 def clipped_grpo_loss(

@@ -119,632 +119,669 @@ import numpy as np
 import torch
 
 from .. import routing
+from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config
 from .gsm8k import load_gsm8k, question_specialty, reward
-from .objective import SIGNALS, clipped_grpo_loss, credit, group_standardize
+from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
 from .router import CandidateFeatures, Router
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
 
-EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
-
-
-# ------------------------------------------------------------------------------------------
-# small helpers: processes, RNG, files
-# ------------------------------------------------------------------------------------------
-class _Dist:
-       """Process info and collectives; a no-op wrapper when there is one process."""
-
-       def __init__(self, device: str):
-           from accelerate import Accelerator
-
-           self.acc = Accelerator(cpu=(device == "cpu"))
-           self.rank, self.world = self.acc.process_index, self.acc.num_processes
-           self.main = self.acc.is_main_process
-           self.device = self.acc.device
-
-       def sum_(self, t: torch.Tensor) -> torch.Tensor:
-           if self.world > 1:
-               torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-           return t
-
-       def gather(self, obj: list) -> list:
-           if self.world == 1:
-               return obj
-           from accelerate.utils import gather_object
-
-           return gather_object(obj)
-
-       def barrier(self):
-           if self.world > 1:
-               self.acc.wait_for_everyone()
-
-
-def _rng_state(data_rng, select_rng) -> dict:
-       state = {
-           "torch": torch.get_rng_state(),
-           "numpy_data": data_rng.bit_generator.state,
-           "numpy_select": select_rng.bit_generator.state,
-           "python": list(random.getstate()[1]),
-           "python_version": random.getstate()[0],
-           "python_gauss": random.getstate()[2],
-       }
-       if torch.cuda.is_available():
-           state["cuda"] = torch.cuda.get_rng_state_all()
-       return state
-
-
-def _set_rng_state(state: dict, data_rng, select_rng) -> None:
-       torch.set_rng_state(state["torch"])
-       data_rng.bit_generator.state = state["numpy_data"]
-       select_rng.bit_generator.state = state["numpy_select"]
-       random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
-       if "cuda" in state and torch.cuda.is_available():
-           torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_json(path: Path, obj) -> None:
-       tmp = path.with_suffix(path.suffix + ".tmp")
-       tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
-       os.replace(tmp, path)
-
-
-def _json_default(x):
-       if isinstance(x, (np.floating, np.integer)):
-           return x.item()
-       if isinstance(x, np.ndarray):
-           return x.tolist()
-       raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def _advantages(scores: np.ndarray, scale_rewards: str, eps: float) -> np.ndarray:
-       """Group-relative advantages over the m completions (axis 1 of (B, m, K)), as TRL's
-       ``scale_rewards``: ``group`` divides the centred scores by the group's std + eps, ``none``
-       only centres them."""
-       if scale_rewards == "none":
-           return scores - scores.mean(axis=1, keepdims=True)
-       return group_standardize(scores, eps=eps, axis=1)
-
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
-       """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
-       or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``)."""
-       n = cfg["train_problems" if split == "train" else "eval_problems"]
-       if cfg["task"] == "gsm8k":
-           return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
-       from .arithmetic import task_splits
+    """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
+    or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``)."""
+    n = cfg["train_problems" if split == "train" else "eval_problems"]
+    if cfg["task"] == "gsm8k":
+        return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
+    from .arithmetic import task_splits
 
-       rows = task_splits(512, 128, seed=0)[0 if split == "train" else 1]
-       if n is not None:
-           if n > len(rows):
-               raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
-           rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
-       return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
+    rows = task_splits(512, 128, seed=0)[0 if split == "train" else 1]
+    if n is not None:
+        if n > len(rows):
+            raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
+        rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
+    return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
 
 
 def _mean(x) -> float | None:
-       x = np.asarray(x, dtype=float)
-       return float(x.mean()) if x.size else None
+    x = np.asarray(x, dtype=float)
+    return float(x.mean()) if x.size else None
 
 
 # ------------------------------------------------------------------------------------------
 # the engine: model, agents, router, optimizers, and one update
 # ------------------------------------------------------------------------------------------
 class Engine:
-       """Everything a run holds: data, base model with K adapters, router, optimizers, RNGs.
+    """Everything a run holds: data, base model with K adapters, router, optimizers, RNGs.
 
-       Built from a resolved config (:func:`mcpg.grpo.configs.resolve_config`) and a signal.
-       :meth:`update` performs one update; :meth:`evaluate` the held-out evaluation.
-       """
+    Built from a resolved config (:func:`mcpg.grpo.configs.resolve_config`) and a signal.
+    :meth:`update` performs one update; :meth:`evaluate` the held-out evaluation.
+    """
 
-       def __init__(self, cfg: dict, signal: str, dist: _Dist | None = None, load_train: bool = True):
-           from .models import load_base
+    def __init__(self, cfg: dict, signal: str, dist: Dist | None = None, load_train: bool = True):
+        from .models import load_base
 
-           if signal not in SIGNALS:
-               raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
-           self.cfg, self.signal = cfg, signal
-           device = cfg["device"]
-           if device == "auto":
-               device = "cuda" if torch.cuda.is_available() else "cpu"
-           if device == "cuda" and not torch.cuda.is_available():
-               raise ValueError(f"config {cfg['name']!r} needs a CUDA GPU (device='cuda'); none is available")
-           self.dist = dist or _Dist(device)
-           seed = cfg["seed"]
-           torch.manual_seed(seed + 100_003 * self.dist.rank)
-           random.seed(seed + self.dist.rank)
-           self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
-           self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
+        if signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
+        self.cfg, self.signal = cfg, signal
+        device = cfg["device"]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"config {cfg['name']!r} needs a CUDA GPU (device='cuda'); none is available")
+        self.dist = dist or Dist(device)
+        seed = cfg["seed"]
+        torch.manual_seed(seed + 100_003 * self.dist.rank)
+        random.seed(seed + self.dist.rank)
+        self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
+        self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
 
-           self.train_set = _load_split(cfg, "train") if load_train else []
-           self.eval_set = _load_split(cfg, "test")
-           if load_train and cfg["prompts_per_update"] > len(self.train_set):
-               raise ValueError(f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
-                                f"{len(self.train_set)} training problems")
-           if cfg["prompts_per_update"] % self.dist.world:
-               raise ValueError(f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) must be a multiple "
-                                f"of the number of processes ({self.dist.world})")
+        self.train_set = _load_split(cfg, "train") if load_train else []
+        self.eval_set = _load_split(cfg, "test")
+        if load_train and cfg["prompts_per_update"] > len(self.train_set):
+            raise ValueError(
+                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
+                f"{len(self.train_set)} training problems"
+            )
+        if cfg["prompts_per_update"] % self.dist.world:
+            raise ValueError(
+                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) must be a multiple "
+                f"of the number of processes ({self.dist.world})"
+            )
 
-           model, tok, self.model_source = load_base(cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device),
-                                                     seed=seed)
-           self.agents = [AgentSpec(**a) for a in cfg["agents"]]
-           self.K = len(self.agents)
-           self.pool = AgentPool(model, tok, self.agents, lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"],
-                                 target_modules=cfg["lora_target_modules"], seed=seed, instruction=cfg["instruction"])
-           self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
-           with torch.random.fork_rng(devices=[]):
-               torch.manual_seed(seed)
-               self.router = Router(self.features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"])
-           self.optimizer = torch.optim.AdamW(
-               [{"params": self.pool.adapter_params(a.name), "name": a.name} for a in self.agents],
-               lr=cfg["learning_rate"], weight_decay=cfg["weight_decay"])
-           self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg["router_lr"])
-           self.replay: list[dict[str, torch.Tensor]] = []  # logged slates of earlier updates (the router's data)
-           self.step = 0
+        model, tok, self.model_source = load_base(
+            cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device), seed=seed
+        )
+        self.agents = [AgentSpec(**a) for a in cfg["agents"]]
+        self.K = len(self.agents)
+        self.pool = AgentPool(
+            model,
+            tok,
+            self.agents,
+            lora_r=cfg["lora_r"],
+            lora_alpha=cfg["lora_alpha"],
+            target_modules=cfg["lora_target_modules"],
+            seed=seed,
+            instruction=cfg["instruction"],
+            gradient_checkpointing=cfg["gradient_checkpointing"],
+            logprob_chunk=cfg["logprob_chunk"],
+        )
+        self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.router = Router(
+                self.features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"]
+            )
+        self.optimizer = torch.optim.AdamW(
+            [{"params": self.pool.adapter_params(a.name), "name": a.name} for a in self.agents],
+            lr=cfg["learning_rate"],
+            weight_decay=cfg["weight_decay"],
+        )
+        self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg["router_lr"])
+        self.replay: list[
+            dict[str, torch.Tensor]
+        ] = []  # logged slates of earlier updates (the router's data)
+        self.step = 0
 
-       # -- rollout ---------------------------------------------------------------------------
-       def _rows(self, questions: list[str], m: int, with_base: bool = False):
-           prompts, adapters, temps, agent_ids = [], [], [], []
-           for q in questions:
-               for k, a in enumerate(self.agents):
-                   for _ in range(m):
-                       prompts.append(self.pool.prompt(q, a))
-                       adapters.append(a.name)
-                       temps.append(a.temperature)
-                       agent_ids.append(k)
-               if with_base:
-                   prompts.append(self.pool.prompt(q, None))
-                   adapters.append(BASE)
-                   temps.append(1.0)
-                   agent_ids.append(-1)
-           return prompts, adapters, temps, agent_ids
+    # -- rollout ---------------------------------------------------------------------------
+    def _rows(self, questions: list[str], m: int, with_base: bool = False):
+        prompts, adapters, temps, agent_ids = [], [], [], []
+        for q in questions:
+            for k, a in enumerate(self.agents):
+                for _ in range(m):
+                    prompts.append(self.pool.prompt(q, a))
+                    adapters.append(a.name)
+                    temps.append(a.temperature)
+                    agent_ids.append(k)
+            if with_base:
+                prompts.append(self.pool.prompt(q, None))
+                adapters.append(BASE)
+                temps.append(1.0)
+                agent_ids.append(-1)
+        return prompts, adapters, temps, agent_ids
 
-       def _slate_features(self, questions: list[str], texts: list[str], truncated, m: int) -> torch.Tensor:
-           """Features of the rollout rows, arranged as slates (B, m, K, dim)."""
-           B = len(questions)
-           qs = [q for q in questions for _ in range(self.K * m)]
-           ids = [k for _ in questions for k in range(self.K) for _ in range(m)]
-           f = self.features(qs, texts, ids, truncated)
-           return f.view(B, self.K, m, -1).transpose(1, 2).contiguous()
+    def _slate_features(self, questions: list[str], texts: list[str], truncated, m: int) -> torch.Tensor:
+        """Features of the rollout rows, arranged as slates (B, m, K, dim)."""
+        B = len(questions)
+        qs = [q for q in questions for _ in range(self.K * m)]
+        ids = [k for _ in questions for k in range(self.K) for _ in range(m)]
+        f = self.features(qs, texts, ids, truncated)
+        return f.view(B, self.K, m, -1).transpose(1, 2).contiguous()
 
-       # -- one update --------------------------------------------------------------------------
-       def update(self, progress: bool = False) -> dict:
-           """One rollout, credit, actor update and router update; returns the metrics row."""
-           from tqdm.auto import tqdm
+    # -- one update --------------------------------------------------------------------------
+    def update(self, progress: bool = False) -> dict:
+        """One rollout, credit, actor update and router update; returns the metrics row."""
+        from tqdm.auto import tqdm
 
-           cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
-           t0 = time.perf_counter()
-           chosen = self.data_rng.choice(len(self.train_set), size=cfg["prompts_per_update"], replace=False)
-           local = chosen[self.dist.rank::self.dist.world]
-           problems = [self.train_set[i] for i in local]
-           questions = [p["question"] for p in problems]
-           B = len(problems)
+        cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
+        t0 = time.perf_counter()
+        chosen = self.data_rng.choice(len(self.train_set), size=cfg["prompts_per_update"], replace=False)
+        local = chosen[self.dist.rank :: self.dist.world]
+        problems = [self.train_set[i] for i in local]
+        questions = [p["question"] for p in problems]
+        B = len(problems)
 
-           # 1. rollout: all agents in one mixed-adapter batch
-           prompts, adapters, temps, _ = self._rows(questions, m)
-           bs = cfg["generation_batch_size"] or len(prompts)
-           steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
-           with tqdm(total=steps, desc=f"rollout {self.step + 1} ({len(prompts)} completions)", unit="tok",
-                     leave=False, disable=not (progress and self.dist.main)) as bar:
-               roll = self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
-                                         batch_size=cfg["generation_batch_size"] or None, progress=bar)
-           t_gen = time.perf_counter()
+        # 1. rollout: all agents in one mixed-adapter batch
+        prompts, adapters, temps, _ = self._rows(questions, m)
+        bs = cfg["generation_batch_size"] or len(prompts)
+        steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
+        with tqdm(
+            total=steps,
+            desc=f"rollout {self.step + 1} ({len(prompts)} completions)",
+            unit="tok",
+            leave=False,
+            disable=not (progress and self.dist.main),
+        ) as bar:
+            roll = self.pool.generate(
+                prompts,
+                adapters,
+                temps,
+                cfg["max_new_tokens"],
+                batch_size=cfg["generation_batch_size"] or None,
+                progress=bar,
+            )
+        t_gen = time.perf_counter()
 
-           # 2. rewards R^(j), slate layout (B, m, K)
-           R_rows = np.array([reward(t, p["gold"]) for p, t in zip(
-               [p for p in problems for _ in range(K * m)], roll.texts)])
-           R = R_rows.reshape(B, K, m).transpose(0, 2, 1)
+        # 2. rewards R^(j), slate layout (B, m, K)
+        R_rows = np.array(
+            [reward(t, p["gold"]) for p, t in zip([p for p in problems for _ in range(K * m)], roll.texts)]
+        )
+        R = R_rows.reshape(B, K, m).transpose(0, 2, 1)
 
-           # 3. routing with the current (fixed) router; only G = R^(I) is fed back
-           feats = self._slate_features(questions, roll.texts, roll.truncated.tolist(), m)
-           route = self.router.route(feats)
-           p, P, mu = route["p"], route["P"], route["mu_hat"]
-           I = routing.sample_selection(p, self.select_rng)
-           G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
+        # 3. routing with the current (fixed) router; only G = R^(I) is fed back
+        feats = self._slate_features(questions, roll.texts, roll.truncated.tolist(), m)
+        route = self.router.route(feats)
+        p, P, mu = route["p"], route["P"], route["mu_hat"]
 
-           # 4-5. credit and per-agent group standardisation
-           scores = credit(self.signal, I, G, p, P, mu, rewards_all=R)
-           adv = _advantages(scores, cfg["scale_rewards"], cfg["advantage_eps"])  # (B, m, K): group = m
-           adv_rows = torch.as_tensor(adv.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
+        # 4-5. draw I ~ p, feed back G = R^(I), credit, per-agent group advantages (group = m)
+        rc = route_and_credit(
+            self.signal,
+            p,
+            P,
+            mu,
+            R,
+            self.select_rng,
+            scale_rewards=cfg["scale_rewards"],
+            advantage_eps=cfg["advantage_eps"],
+        )
+        I, G, scores = rc.I, rc.G, rc.scores  # noqa: E741 (the paper's name)
+        adv_rows = torch.as_tensor(rc.advantages.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
 
-           # 6. actor update
-           losses, clip_fraction = self._actor_update(roll, adv_rows)
-           t_actor = time.perf_counter()
+        # 6. actor update
+        losses, clip_fraction = self._actor_update(roll, adv_rows)
+        t_actor = time.perf_counter()
 
-           # 7. router update on the logged selected feedback of this and earlier rollouts (all
-           #    processes' data); the router that scored this rollout was fitted on earlier data only
-           self.replay.append({
-               "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
-               "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
-               "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
-               "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
-           })
-           if cfg["router_replay"]:
-               self.replay = self.replay[-cfg["router_replay"]:]
-           logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
-           router_loss = self.router.fit(logged["features"], logged["selected"].numpy(), logged["reward"].numpy(),
-                                         logged["p"].numpy(), self.router_optimizer, steps=cfg["router_steps"])
-           self.step += 1
-           self._check_in_sync()
+        # 7. router update on the logged selected feedback of this and earlier rollouts (all
+        #    processes' data); the router that scored this rollout was fitted on earlier data only
+        self.replay.append(
+            {
+                "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
+                "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
+                "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
+                "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
+            }
+        )
+        if cfg["router_replay"]:
+            self.replay = self.replay[-cfg["router_replay"] :]
+        logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
+        router_loss = self.router.fit(
+            logged["features"],
+            logged["selected"].numpy(),
+            logged["reward"].numpy(),
+            logged["p"].numpy(),
+            self.router_optimizer,
+            steps=cfg["router_steps"],
+        )
+        self.step += 1
+        self._check_in_sync()
 
-           # metrics, over all processes
-           spec_idx = {a.specialty: k for k, a in enumerate(self.agents) if a.specialty}
-           matched = [spec_idx.get(question_specialty(q)) for q in questions]
-           spec_hits = [int(I[b, g] == matched[b]) for b in range(B) for g in range(m) if matched[b] is not None]
-           mask_len = roll.completion_mask.sum(1).double().numpy()
-           local_stats = [{
-               "R": R.reshape(-1, K).tolist(), "G": G.reshape(-1).tolist(), "I": I.reshape(-1).tolist(),
-               "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
-               "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
-               "spec": spec_hits, "len": mask_len.tolist(), "trunc": roll.truncated.double().tolist(),
-               "score": scores.reshape(-1, K).tolist(),
-               "zero_std": (np.ptp(scores, axis=1) == 0).reshape(-1, K).tolist(),  # (B, K) groups
-               "zero_std_reward": (np.ptp(R, axis=1) == 0).reshape(-1, K).tolist(),
-               "p": p.reshape(-1, K).tolist(), "P": P.reshape(-1, K, K).tolist(), "mu_hat": mu.reshape(-1, K).tolist(),
-           }]
-           st = self.dist.gather(local_stats)
-           cat = {k: sum((s[k] for s in st), []) for k in st[0]}
-           Rall, Iall = np.array(cat["R"]), np.array(cat["I"])
-           # the logged slates (slates.jsonl): every candidate's reward is known here, so Eq. 19 can be
-           # checked against the exact removal contribution on real LLM slates
-           self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score")}
-           return {
-               "update": self.step,
-               "signal": self.signal,
-               "reward": _mean(cat["G"]),
-               "agent_accuracy": Rall.mean(0).tolist(),
-               "oracle": _mean(Rall.max(1)),
-               "entropy": _mean(cat["entropy"]),
-               "brier": _mean(cat["brier"]),
-               "specialization": _mean(cat["spec"]),
-               "selected_fraction": [float((Iall == k).mean()) for k in range(K)],
-               "credit_mean": np.array(cat["score"]).mean(0).tolist(),
-               "loss": losses,
-               "router_loss": router_loss,
-               "completion_tokens": _mean(cat["len"]),
-               "truncated": _mean(cat["trunc"]),
-               "zero_std_fraction": np.array(cat["zero_std"], dtype=float).mean(0).tolist(),
-               "zero_std_reward_fraction": np.array(cat["zero_std_reward"], dtype=float).mean(0).tolist(),
-               "clip_fraction": clip_fraction,
-               "router_slates": int(sum(len(r["selected"]) for r in self.replay)),
-               "seconds": {"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0},
-           }
+        # metrics, over all processes
+        spec_idx = {a.specialty: k for k, a in enumerate(self.agents) if a.specialty}
+        matched = [spec_idx.get(question_specialty(q)) for q in questions]
+        spec_hits = [int(I[b, g] == matched[b]) for b in range(B) for g in range(m) if matched[b] is not None]
+        mask_len = roll.completion_mask.sum(1).double().numpy()
+        local_stats = [
+            {
+                "R": R.reshape(-1, K).tolist(),
+                "G": G.reshape(-1).tolist(),
+                "I": I.reshape(-1).tolist(),
+                "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
+                "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
+                "spec": spec_hits,
+                "len": mask_len.tolist(),
+                "trunc": roll.truncated.double().tolist(),
+                "score": scores.reshape(-1, K).tolist(),
+                "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
+                "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
+                "p": p.reshape(-1, K).tolist(),
+                "P": P.reshape(-1, K, K).tolist(),
+                "mu_hat": mu.reshape(-1, K).tolist(),
+            }
+        ]
+        st = self.dist.gather(local_stats)
+        cat = {k: sum((s[k] for s in st), []) for k in st[0]}
+        Rall, Iall = np.array(cat["R"]), np.array(cat["I"])
+        # the logged slates (slates.jsonl): every candidate's reward is known here, so Eq. 19 can be
+        # checked against the exact removal contribution on real LLM slates
+        self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score")}
+        return {
+            "update": self.step,
+            "signal": self.signal,
+            "reward": _mean(cat["G"]),
+            "agent_accuracy": Rall.mean(0).tolist(),
+            "oracle": _mean(Rall.max(1)),
+            "entropy": _mean(cat["entropy"]),
+            "brier": _mean(cat["brier"]),
+            "specialization": _mean(cat["spec"]),
+            "selected_fraction": [float((Iall == k).mean()) for k in range(K)],
+            "credit_mean": np.array(cat["score"]).mean(0).tolist(),
+            "loss": losses,
+            "router_loss": router_loss,
+            "completion_tokens": _mean(cat["len"]),
+            "truncated": _mean(cat["trunc"]),
+            "zero_std_fraction": np.array(cat["zero_std"], dtype=float).mean(0).tolist(),
+            "zero_std_reward_fraction": np.array(cat["zero_std_reward"], dtype=float).mean(0).tolist(),
+            "clip_fraction": clip_fraction,
+            "router_slates": int(sum(len(r["selected"]) for r in self.replay)),
+            "seconds": {"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0},
+        }
 
-       def _check_in_sync(self) -> None:
-           """Data parallel: every process must hold the same adapters and router after an update."""
-           if self.dist.world == 1:
-               return
-           with torch.no_grad():
-               sums = [p.double().sum() for g in self.optimizer.param_groups for p in g["params"]]
-               sums += [p.double().sum() for p in self.router.parameters()]
-               mine = torch.stack([s.cpu() for s in sums]).to(self.dist.device)
-           everyone = self.dist.acc.gather(mine.unsqueeze(0)).cpu()
-           if not torch.equal(everyone.min(0).values, everyone.max(0).values):
-               raise RuntimeError(f"processes hold different weights after update {self.step}")
+    def _check_in_sync(self) -> None:
+        """Data parallel: every process must hold the same adapters and router after an update."""
+        if self.dist.world == 1:
+            return
+        with torch.no_grad():
+            sums = [p.double().sum() for g in self.optimizer.param_groups for p in g["params"]]
+            sums += [p.double().sum() for p in self.router.parameters()]
+            mine = torch.stack([s.cpu() for s in sums]).to(self.dist.device)
+        everyone = self.dist.acc.gather(mine.unsqueeze(0)).cpu()
+        if not torch.equal(everyone.min(0).values, everyone.max(0).values):
+            raise RuntimeError(f"processes hold different weights after update {self.step}")
 
-       def _gather_tensor(self, t: torch.Tensor) -> torch.Tensor:
-           if self.dist.world == 1:
-               return t
-           return self.dist.acc.gather(t.to(self.dist.device)).cpu()
+    def _gather_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dist.world == 1:
+            return t
+        return self.dist.acc.gather(t.to(self.dist.device)).cpu()
 
-       def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float]:
-           """Clipped GRPO loss on each agent's adapter; returns each agent's loss and the clip fraction.
+    def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float]:
+        """Clipped GRPO loss on each agent's adapter; returns each agent's loss and the clip fraction.
 
-           The clip fraction is TRL's ``clip_ratio/region_mean``: the share of completion tokens whose
-           probability ratio lies in the clipped region on the side its advantage pushes (ratio below
-           1 - eps with a negative advantage, or above 1 + eps_high with a positive one), over all
-           optimizer steps of the rollout. With ``num_iterations = 1`` the ratio is 1 and it is 0.
-           """
-           cfg, K = self.cfg, self.K
-           n = len(roll)
-           agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
-           # global normalisers of each agent's loss (tokens for dapo/bnpo, sequences otherwise)
-           tokens = torch.stack([roll.completion_mask[agent_of_row == k].sum() for k in range(K)]).double()
-           seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
-           tokens = self.dist.sum_(tokens.to(self.dist.device)).cpu()
-           seqs = self.dist.sum_(seqs.to(self.dist.device)).cpu()
-           by_tokens = cfg["loss_type"] in ("dapo", "bnpo")
-           mb = cfg["train_micro_batch"] or n
-           chunks = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
-           old = None
-           if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
-               with torch.no_grad():
-                   old = [self.pool.token_logprobs(roll.rows(c)).detach() for c in chunks]
-           params = [p for g in self.optimizer.param_groups for p in g["params"]]
-           agent_loss = [0.0] * K
-           eps_low = cfg["clip_eps"]
-           eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
-           clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
-           for _ in range(cfg["num_iterations"]):
-               self.optimizer.zero_grad(set_to_none=False)
-               agent_loss = [0.0] * K
-               for ci, c in enumerate(chunks):
-                   sub = roll.rows(c)
-                   logp = self.pool.token_logprobs(sub)
-                   logp_old = logp.detach() if old is None else old[ci]
-                   mask = sub.completion_mask.to(logp.device)
-                   a_rows = agent_of_row[c]
-                   with torch.no_grad():
-                       ratio = torch.exp(logp.detach() - logp_old)
-                       a_tok = adv_rows[c].to(logp.device)[:, None]
-                       region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
-                       clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
-                   total = logp.new_zeros(())
-                   for k in range(K):
-                       sel = (a_rows == k).nonzero().squeeze(1).to(logp.device)
-                       if sel.numel() == 0:
-                           continue
-                       mk = mask[sel]
-                       lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv_rows[c][a_rows == k].to(logp.device), mk,
-                                              clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
-                                              loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"])
-                       # rescale this chunk's share to the agent's global normaliser (exact micro-batching)
-                       share = (mk.sum().clamp(min=1.0) / tokens[k].clamp(min=1.0)) if by_tokens else (sel.numel() / seqs[k])
-                       lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
-                       total = total + lk
-                       agent_loss[k] += float(lk.detach())
-                   total.backward()
-               for p_ in params:  # data parallel: sum the processes' gradients (losses use global normalisers)
-                   if p_.grad is not None:
-                       self.dist.sum_(p_.grad)
-               if cfg["max_grad_norm"]:
-                   for a in self.agents:
-                       torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), cfg["max_grad_norm"])
-               self.optimizer.step()
-           losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
-           clipped = self.dist.sum_(clipped.to(self.dist.device)).cpu()
-           return losses.tolist(), float(clipped[0] / clipped[1].clamp(min=1.0))
+        The clip fraction is TRL's ``clip_ratio/region_mean``: the share of completion tokens whose
+        probability ratio lies in the clipped region on the side its advantage pushes (ratio below
+        1 - eps with a negative advantage, or above 1 + eps_high with a positive one), over all
+        optimizer steps of the rollout. With ``num_iterations = 1`` the ratio is 1 and it is 0.
+        """
+        cfg, K = self.cfg, self.K
+        n = len(roll)
+        agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
+        # global normalisers of each agent's loss (tokens for dapo/bnpo, sequences otherwise)
+        tokens = torch.stack([roll.completion_mask[agent_of_row == k].sum() for k in range(K)]).double()
+        seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
+        tokens = self.dist.sum_(tokens.to(self.dist.device)).cpu()
+        seqs = self.dist.sum_(seqs.to(self.dist.device)).cpu()
+        by_tokens = cfg["loss_type"] in ("dapo", "bnpo")
+        mb = cfg["train_micro_batch"] or n
+        chunks = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
+        old = None
+        if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
+            with torch.no_grad():
+                old = [self.pool.token_logprobs(roll.rows(c)).detach() for c in chunks]
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        agent_loss = [0.0] * K
+        eps_low = cfg["clip_eps"]
+        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
+        clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
+        for _ in range(cfg["num_iterations"]):
+            self.optimizer.zero_grad(set_to_none=False)
+            agent_loss = [0.0] * K
+            for ci, c in enumerate(chunks):
+                sub = roll.rows(c)
+                logp = self.pool.token_logprobs(sub)
+                logp_old = logp.detach() if old is None else old[ci]
+                mask = sub.completion_mask.to(logp.device)
+                a_rows = agent_of_row[c]
+                with torch.no_grad():
+                    ratio = torch.exp(logp.detach() - logp_old)
+                    a_tok = adv_rows[c].to(logp.device)[:, None]
+                    region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
+                    clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
+                total = logp.new_zeros(())
+                for k in range(K):
+                    sel = (a_rows == k).nonzero().squeeze(1).to(logp.device)
+                    if sel.numel() == 0:
+                        continue
+                    mk = mask[sel]
+                    lk = clipped_grpo_loss(
+                        logp[sel],
+                        logp_old[sel],
+                        adv_rows[c][a_rows == k].to(logp.device),
+                        mk,
+                        clip_eps=cfg["clip_eps"],
+                        clip_eps_high=cfg["clip_eps_high"],
+                        loss_type=cfg["loss_type"],
+                        max_completion_length=cfg["max_new_tokens"],
+                    )
+                    # rescale this chunk's share to the agent's global normaliser (exact micro-batching)
+                    share = (
+                        (mk.sum().clamp(min=1.0) / tokens[k].clamp(min=1.0))
+                        if by_tokens
+                        else (sel.numel() / seqs[k])
+                    )
+                    lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
+                    total = total + lk
+                    agent_loss[k] += float(lk.detach())
+                total.backward()
+            for p_ in params:  # data parallel: sum the processes' gradients (losses use global normalisers)
+                if p_.grad is not None:
+                    self.dist.sum_(p_.grad)
+            if cfg["max_grad_norm"]:
+                for a in self.agents:
+                    torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), cfg["max_grad_norm"])
+            self.optimizer.step()
+        losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
+        clipped = self.dist.sum_(clipped.to(self.dist.device)).cpu()
+        return losses.tolist(), float(clipped[0] / clipped[1].clamp(min=1.0))
 
-       # -- evaluation --------------------------------------------------------------------------
-       @torch.no_grad()
-       def evaluate(self, progress: bool = False) -> dict:
-           """Held-out evaluation of the current agents and router (see :func:`evaluate_pool`)."""
-           return evaluate_pool(self, progress=progress)
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, progress: bool = False, base: dict | None = None) -> dict:
+        """Held-out evaluation of the current agents and router (see :func:`evaluate_pool`)."""
+        return evaluate_pool(self, progress=progress, base=base)
 
-       # -- checkpoints -------------------------------------------------------------------------
-       def save_checkpoint(self, folder: Path) -> None:
-           """Write adapters, router, optimizers, RNG states and the update counter to ``folder``
-           atomically (a temporary folder renamed into place)."""
-           rank_state = _rng_state(self.data_rng, self.select_rng)
-           tmp = folder.with_name(folder.name + ".tmp")
-           if self.dist.main:
-               shutil.rmtree(tmp, ignore_errors=True)
-               tmp.mkdir(parents=True)
-               self.pool.save_adapters(tmp / "adapters")
-               self.router.save(tmp / "router.safetensors")
-               torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-               torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
-               torch.save(self.replay, tmp / "router_replay.pt")
-               _write_json(tmp / "state.json", {"step": self.step, "signal": self.signal, "world": self.dist.world})
-           self.dist.barrier()
-           torch.save(rank_state, tmp / f"rng_rank{self.dist.rank}.pt")
-           self.dist.barrier()
-           if self.dist.main:
-               old = folder.with_name(folder.name + ".old")
-               shutil.rmtree(old, ignore_errors=True)
-               if folder.exists():
-                   os.replace(folder, old)
-               os.replace(tmp, folder)
-               shutil.rmtree(old, ignore_errors=True)
-           self.dist.barrier()
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, folder: Path) -> None:
+        """Write adapters, router, optimizers, RNG states and the update counter to ``folder``
+        atomically (a temporary folder renamed into place)."""
+        rank_state = rng_state(self.data_rng, self.select_rng)
+        tmp = folder.with_name(folder.name + ".tmp")
+        if self.dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.pool.save_adapters(tmp / "adapters")
+            self.router.save(tmp / "router.safetensors")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
+            torch.save(self.replay, tmp / "router_replay.pt")
+            write_json(
+                tmp / "state.json", {"step": self.step, "signal": self.signal, "world": self.dist.world}
+            )
+        self.dist.barrier()
+        torch.save(rank_state, tmp / f"rng_rank{self.dist.rank}.pt")
+        self.dist.barrier()
+        if self.dist.main:
+            old = folder.with_name(folder.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        self.dist.barrier()
 
-       def load_checkpoint(self, folder: Path) -> None:
-           state = json.loads((folder / "state.json").read_text())
-           if state["world"] != self.dist.world:
-               raise ValueError(f"checkpoint {folder} was written by {state['world']} processes, "
-                                f"resume with the same number (now {self.dist.world})")
-           self.pool.load_adapters(folder / "adapters")
-           self.router.load(folder / "router.safetensors")
-           self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-           self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
-           if (folder / "router_replay.pt").exists():
-               self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
-           _set_rng_state(torch.load(folder / f"rng_rank{self.dist.rank}.pt", weights_only=True),
-                          self.data_rng, self.select_rng)
-           self.step = int(state["step"])
+    def load_checkpoint(self, folder: Path) -> None:
+        state = json.loads((folder / "state.json").read_text())
+        if state["world"] != self.dist.world:
+            raise ValueError(
+                f"checkpoint {folder} was written by {state['world']} processes, "
+                f"resume with the same number (now {self.dist.world})"
+            )
+        self.pool.load_adapters(folder / "adapters")
+        self.router.load(folder / "router.safetensors")
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
+        if (folder / "router_replay.pt").exists():
+            self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
+        set_rng_state(
+            torch.load(folder / f"rng_rank{self.dist.rank}.pt", weights_only=True),
+            self.data_rng,
+            self.select_rng,
+        )
+        self.step = int(state["step"])
 
 
-def evaluate_pool(engine: Engine, progress: bool = False) -> dict:
-       """Each agent answers each held-out problem greedily; the router deploys the top score.
+def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = None) -> dict:
+    """Each agent answers each held-out problem greedily; the router deploys the top score.
 
-       Returns the six diagnostics of the paper's Table 1 (``accuracy``, ``entropy``, ``brier``,
-       ``specialization``, ``oracle``, ``regret``) plus ``base_accuracy`` (the frozen base model
-       with a neutral prompt: the single-agent reference), ``agent_accuracy``,
-       ``deployed_fraction``, ``n`` and ``n_specialty`` (problems some agent's specialty matches).
-       ``specialization`` is None when no held-out problem matches a specialty.
-       """
-       from tqdm.auto import tqdm
+    Returns the six diagnostics of the paper's Table 1 (``accuracy``, ``entropy``, ``brier``,
+    ``specialization``, ``oracle``, ``regret``) plus ``base_accuracy`` (the frozen base model
+    with a neutral prompt: the single-agent reference), ``agent_accuracy``,
+    ``deployed_fraction``, ``n`` and ``n_specialty`` (problems some agent's specialty matches).
+    ``specialization`` is None when no held-out problem matches a specialty.
+    ``base``: an earlier evaluation of the same problems; its ``base_accuracy`` and
+    ``base_correct`` are reused (the frozen model does not change), so no base rows are generated.
+    """
+    from tqdm.auto import tqdm
 
-       cfg, K, dist = engine.cfg, engine.K, engine.dist
-       problems = engine.eval_set[dist.rank::dist.world]
-       questions = [p["question"] for p in problems]
-       prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=True)
-       bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
-       steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
-       with tqdm(total=steps, desc=f"evaluate ({len(prompts)} greedy answers)", unit="tok", leave=False,
-                 disable=not (progress and dist.main)) as bar:
-           roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
-                                       batch_size=bs, progress=bar)
-       spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
-       per_problem = []
-       for b, prob in enumerate(problems):
-           rows = range(b * (K + 1), (b + 1) * (K + 1))
-           texts = [roll.texts[r] for r in rows]
-           trunc = [bool(roll.truncated[r]) for r in rows]
-           R = [reward(t, prob["gold"]) for t in texts]
-           f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
-           rt = engine.router.route(f)
-           d = int(np.argmax(rt["scores"]))
-           per_problem.append({
-               "R": R[:K], "base": R[K], "deployed": d, "entropy": float(routing.routing_entropy(rt["p"])),
-               "brier": float((rt["mu_hat"][d] - R[d]) ** 2), "matched": spec_idx.get(question_specialty(prob["question"])),
-           })
-       allp = dist.gather(per_problem)
-       Rm = np.array([x["R"] for x in allp], dtype=float)
-       dep = np.array([x["deployed"] for x in allp])
-       acc = float(Rm[np.arange(len(allp)), dep].mean())
-       oracle = float(Rm.max(1).mean())
-       spec = [int(x["deployed"] == x["matched"]) for x in allp if x["matched"] is not None]
-       return {
-           "accuracy": acc,
-           "entropy": _mean([x["entropy"] for x in allp]),
-           "brier": _mean([x["brier"] for x in allp]),
-           "specialization": _mean(spec),
-           "oracle": oracle,
-           "regret": oracle - acc,
-           "base_accuracy": _mean([x["base"] for x in allp]),
-           "agent_accuracy": Rm.mean(0).tolist(),
-           "deployed_fraction": [float((dep == k).mean()) for k in range(K)],
-           "n": len(allp),
-           "n_specialty": len(spec),
-           "correct": [int(r) for r in Rm[np.arange(len(allp)), dep]],
-           "base_correct": [int(x["base"]) for x in allp],
-           "agent_correct": Rm.astype(int).tolist(),
-       }
+    cfg, K, dist = engine.cfg, engine.K, engine.dist
+    problems = engine.eval_set[dist.rank :: dist.world]
+    questions = [p["question"] for p in problems]
+    with_base = base is None  # the frozen model never changes: an earlier evaluation's base is reused
+    prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=with_base)
+    bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
+    steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
+    with tqdm(
+        total=steps,
+        desc=f"evaluate ({len(prompts)} greedy answers)",
+        unit="tok",
+        leave=False,
+        disable=not (progress and dist.main),
+    ) as bar:
+        roll = engine.pool.generate(
+            prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True, batch_size=bs, progress=bar
+        )
+    spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
+    per_problem = []
+    for b, prob in enumerate(problems):
+        rows = range(b * (K + with_base), (b + 1) * (K + with_base))
+        texts = [roll.texts[r] for r in rows]
+        trunc = [bool(roll.truncated[r]) for r in rows]
+        R = [reward(t, prob["gold"]) for t in texts]
+        f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
+        rt = engine.router.route(f)
+        d = int(np.argmax(rt["scores"]))
+        per_problem.append(
+            {
+                "R": R[:K],
+                "base": R[K] if with_base else None,
+                "deployed": d,
+                "entropy": float(routing.routing_entropy(rt["p"])),
+                "brier": float((rt["mu_hat"][d] - R[d]) ** 2),
+                "matched": spec_idx.get(question_specialty(prob["question"])),
+            }
+        )
+    allp = dist.gather(per_problem)
+    Rm = np.array([x["R"] for x in allp], dtype=float)
+    dep = np.array([x["deployed"] for x in allp])
+    acc = float(Rm[np.arange(len(allp)), dep].mean())
+    oracle = float(Rm.max(1).mean())
+    spec = [int(x["deployed"] == x["matched"]) for x in allp if x["matched"] is not None]
+    return {
+        "accuracy": acc,
+        "entropy": _mean([x["entropy"] for x in allp]),
+        "brier": _mean([x["brier"] for x in allp]),
+        "specialization": _mean(spec),
+        "oracle": oracle,
+        "regret": oracle - acc,
+        "base_accuracy": _mean([x["base"] for x in allp]) if with_base else base["base_accuracy"],
+        "agent_accuracy": Rm.mean(0).tolist(),
+        "deployed_fraction": [float((dep == k).mean()) for k in range(K)],
+        "n": len(allp),
+        "n_specialty": len(spec),
+        "correct": [int(r) for r in Rm[np.arange(len(allp)), dep]],
+        "base_correct": [int(x["base"]) for x in allp] if with_base else base["base_correct"],
+        "agent_correct": Rm.astype(int).tolist(),
+    }
 
 
 # ------------------------------------------------------------------------------------------
 # the loop and the run directory
 # ------------------------------------------------------------------------------------------
 def _truncate_metrics(path: Path, step: int) -> None:
-       if not path.exists():
-           return
-       rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step]
-       path.write_text("".join(r + "\n" for r in rows))
+    if not path.exists():
+        return
+    rows = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step
+    ]
+    path.write_text("".join(r + "\n" for r in rows))
 
 
-def train(config: str | dict, signal: str, output: str | os.PathLike, updates: int | None = None,
-             resume: bool = False, stop_after: int | None = None, progress: bool | None = None,
-             **overrides) -> dict | None:
-       """Train K routed agents with one credit signal; write the run directory; return eval.json.
+def train(
+    config: str | dict,
+    signal: str,
+    output: str | os.PathLike,
+    updates: int | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool | None = None,
+    **overrides,
+) -> dict | None:
+    """Train K routed agents with one credit signal; write the run directory; return eval.json.
 
-       Args:
-           config: a named config (``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``), a JSON
-               file, or a dict (see :mod:`mcpg.grpo.configs`). Ignored on ``resume``, which uses
-               the run directory's ``config.json``.
-           signal: ``wta``, ``removal`` or ``oracle``.
-           output: the run directory.
-           updates: total number of updates (overrides the config; on resume, extends the run).
-           resume: continue from ``output/checkpoint``.
-           stop_after: stop after this many updates of this call, before evaluating (simulates an
-               interruption; the checkpoint is left as a crash would leave it). Returns None then.
-           progress: tqdm bars (default: the config's ``progress``).
-           **overrides: further config keys (not on resume).
-       """
-       if signal not in SIGNALS:
-           raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
-       out = Path(output)
-       cfg_path, ckpt = out / "config.json", out / "checkpoint"
-       if resume:
-           if not cfg_path.exists():
-               raise ValueError(f"output {out} holds no run to resume (no config.json)")
-           saved = json.loads(cfg_path.read_text())
-           if saved["signal"] != signal:
-               raise ValueError(f"signal {signal!r} differs from the run's signal {saved['signal']!r}")
-           if overrides:
-               raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
-           cfg = resolve_config(saved["config"])
-           if updates is not None:
-               cfg["updates"] = int(updates)
-       else:
-           if ckpt.exists() or (out / "metrics.jsonl").exists():
-               raise ValueError(f"output {out} already holds a run: pass resume=True (--resume) or a new output")
-           cfg = resolve_config(config, **overrides)
-           if updates is not None:
-               cfg = resolve_config(cfg, updates=int(updates))
-       show = cfg["progress"] if progress is None else progress
+    Args:
+        config: a named config (``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``), a JSON
+            file, or a dict (see :mod:`mcpg.grpo.configs`). Ignored on ``resume``, which uses
+            the run directory's ``config.json``.
+        signal: ``wta``, ``removal`` or ``oracle``.
+        output: the run directory.
+        updates: total number of updates (overrides the config; on resume, extends the run).
+        resume: continue from ``output/checkpoint``.
+        stop_after: stop after this many updates of this call, before evaluating (simulates an
+            interruption; the checkpoint is left as a crash would leave it). Returns None then.
+        progress: tqdm bars (default: the config's ``progress``).
+        **overrides: further config keys (not on resume).
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
+    out = Path(output)
+    cfg_path, ckpt = out / "config.json", out / "checkpoint"
+    if resume:
+        if not cfg_path.exists():
+            raise ValueError(f"output {out} holds no run to resume (no config.json)")
+        saved = json.loads(cfg_path.read_text())
+        if saved["signal"] != signal:
+            raise ValueError(f"signal {signal!r} differs from the run's signal {saved['signal']!r}")
+        if overrides:
+            raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
+        cfg = resolve_config(saved["config"])
+        if updates is not None:
+            cfg["updates"] = int(updates)
+    else:
+        if ckpt.exists() or (out / "metrics.jsonl").exists():
+            raise ValueError(f"output {out} already holds a run: pass resume=True (--resume) or a new output")
+        cfg = resolve_config(config, **overrides)
+        if updates is not None:
+            cfg = resolve_config(cfg, updates=int(updates))
+    show = cfg["progress"] if progress is None else progress
 
-       engine = Engine(cfg, signal)
-       dist = engine.dist
-       if resume:
-           if not ckpt.exists() and (out / "checkpoint.old").exists():
-               ckpt = out / "checkpoint.old"  # interrupted while swapping checkpoints
-           if ckpt.exists():
-               engine.load_checkpoint(ckpt)
-           if dist.main:
-               _truncate_metrics(out / "metrics.jsonl", engine.step)
-               _truncate_metrics(out / "slates.jsonl", engine.step)
-       if dist.main:
-           out.mkdir(parents=True, exist_ok=True)
-           _write_json(cfg_path, {"config": cfg, "signal": signal, "model_source": engine.model_source,
-                                  "processes": dist.world})
-       dist.barrier()
+    engine = Engine(cfg, signal)
+    dist = engine.dist
+    if resume:
+        if not ckpt.exists() and (out / "checkpoint.old").exists():
+            ckpt = out / "checkpoint.old"  # interrupted while swapping checkpoints
+        if ckpt.exists():
+            engine.load_checkpoint(ckpt)
+        if dist.main:
+            _truncate_metrics(out / "metrics.jsonl", engine.step)
+            _truncate_metrics(out / "slates.jsonl", engine.step)
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(
+            cfg_path,
+            {"config": cfg, "signal": signal, "model_source": engine.model_source, "processes": dist.world},
+        )
+    dist.barrier()
 
-       from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
 
-       initial = None
-       init_path = out / "initial_eval.json"
-       if cfg["eval_initial"]:
-           if engine.step == 0 and not init_path.exists():
-               initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
-               if dist.main:
-                   _write_json(init_path, initial)
-           elif init_path.exists():
-               initial = json.loads(init_path.read_text())
-           dist.barrier()
+    initial = None
+    init_path = out / "initial_eval.json"
+    if cfg["eval_initial"]:
+        if engine.step == 0 and not init_path.exists():
+            initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
+            if dist.main:
+                write_json(init_path, initial)
+        elif init_path.exists():
+            initial = json.loads(init_path.read_text())
+        dist.barrier()
 
-       start = engine.step
-       with tqdm(total=cfg["updates"], initial=start, desc=f"GRPO {signal}", unit="update",
-                 disable=not (show and dist.main)) as bar:
-           while engine.step < cfg["updates"]:
-               if stop_after is not None and engine.step - start >= stop_after:
-                   return None
-               row = engine.update(progress=show)
-               if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
-                   row["eval"] = engine.evaluate(progress=show)
-               if dist.main:
-                   with open(out / "metrics.jsonl", "a") as fh:
-                       fh.write(json.dumps(row, default=_json_default) + "\n")
-                   with open(out / "slates.jsonl", "a") as fh:
-                       fh.write(json.dumps({"update": engine.step, **engine.last_slates}, default=_json_default) + "\n")
-               if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
-                   engine.save_checkpoint(out / "checkpoint")
-               bar.update(1)
-               bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
+    start = engine.step
+    with tqdm(
+        total=cfg["updates"],
+        initial=start,
+        desc=f"GRPO {signal}",
+        unit="update",
+        disable=not (show and dist.main),
+    ) as bar:
+        while engine.step < cfg["updates"]:
+            if stop_after is not None and engine.step - start >= stop_after:
+                return None
+            row = engine.update(progress=show)
+            if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
+                row["eval"] = engine.evaluate(progress=show, base=initial)
+            if dist.main:
+                with open(out / "metrics.jsonl", "a") as fh:
+                    fh.write(json.dumps(row, default=json_default) + "\n")
+                with open(out / "slates.jsonl", "a") as fh:
+                    fh.write(
+                        json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n"
+                    )
+            if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
+                engine.save_checkpoint(out / "checkpoint")
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
 
-       result = {**engine.evaluate(progress=show), **_initial_keys(initial), "signal": signal, "updates": engine.step}
-       if dist.main:
-           engine.pool.save_adapters(out / "adapters")
-           engine.router.save(out / "router.safetensors")
-           _write_json(out / "eval.json", result)
-       dist.barrier()
-       return result
+    result = {
+        **engine.evaluate(progress=show, base=initial),
+        **_initial_keys(initial),
+        "signal": signal,
+        "updates": engine.step,
+    }
+    if dist.main:
+        engine.pool.save_adapters(out / "adapters")
+        engine.router.save(out / "router.safetensors")
+        write_json(out / "eval.json", result)
+    dist.barrier()
+    return result
 
 
 def _initial_keys(initial: dict | None) -> dict:
-       """eval.json's keys from the evaluation of the untrained pool (None when it was not run)."""
-       if initial is None:
-           return {}
-       return {"initial_accuracy": initial["accuracy"], "initial_correct": initial["correct"],
-               "initial_agent_accuracy": initial["agent_accuracy"],
-               "initial_deployed_fraction": initial["deployed_fraction"]}
+    """eval.json's keys from the evaluation of the untrained pool (None when it was not run)."""
+    if initial is None:
+        return {}
+    return {
+        "initial_accuracy": initial["accuracy"],
+        "initial_correct": initial["correct"],
+        "initial_agent_accuracy": initial["agent_accuracy"],
+        "initial_deployed_fraction": initial["deployed_fraction"],
+    }
 
 
 def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
-       """Re-evaluate a run directory's final weights (or its checkpoint) and rewrite eval.json."""
-       run = Path(run)
-       if not (run / "config.json").exists():
-           raise ValueError(f"run {run} has no config.json")
-       saved = json.loads((run / "config.json").read_text())
-       cfg = resolve_config(saved["config"])
-       engine = Engine(cfg, saved["signal"], load_train=False)
-       if (run / "adapters").is_dir() and (run / "router.safetensors").exists():
-           engine.pool.load_adapters(run / "adapters")
-           engine.router.load(run / "router.safetensors")
-           steps = None
-       elif (run / "checkpoint").is_dir():
-           engine.load_checkpoint(run / "checkpoint")
-           steps = engine.step
-       else:
-           raise ValueError(f"run {run} has neither final weights nor a checkpoint")
-       show = cfg["progress"] if progress is None else progress
-       result = engine.evaluate(progress=show)
-       if steps is None:
-           old = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
-           steps = old.get("updates")
-       init_path = run / "initial_eval.json"
-       initial = json.loads(init_path.read_text()) if init_path.exists() else None
-       result = {**result, **_initial_keys(initial), "signal": saved["signal"], "updates": steps}
-       if engine.dist.main:
-           _write_json(run / "eval.json", result)
-       return result
+    """Re-evaluate a run directory's final weights (or its checkpoint) and rewrite eval.json."""
+    run = Path(run)
+    if not (run / "config.json").exists():
+        raise ValueError(f"run {run} has no config.json")
+    saved = json.loads((run / "config.json").read_text())
+    cfg = resolve_config(saved["config"])
+    engine = Engine(cfg, saved["signal"], load_train=False)
+    if (run / "adapters").is_dir() and (run / "router.safetensors").exists():
+        engine.pool.load_adapters(run / "adapters")
+        engine.router.load(run / "router.safetensors")
+        steps = None
+    elif (run / "checkpoint").is_dir():
+        engine.load_checkpoint(run / "checkpoint")
+        steps = engine.step
+    else:
+        raise ValueError(f"run {run} has neither final weights nor a checkpoint")
+    show = cfg["progress"] if progress is None else progress
+    result = engine.evaluate(progress=show)
+    if steps is None:
+        old = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
+        steps = old.get("updates")
+    init_path = run / "initial_eval.json"
+    initial = json.loads(init_path.read_text()) if init_path.exists() else None
+    result = {**result, **_initial_keys(initial), "signal": saved["signal"], "updates": steps}
+    if engine.dist.main:
+        write_json(run / "eval.json", result)
+    return result

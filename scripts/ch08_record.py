@@ -1,0 +1,184 @@
+"""Record chapter 8's long CPU runs: the positive control and the multi-seed comparison.
+
+Each job is one ``python -m mcpg.grpo train`` run in its own directory under ``--runs``
+(resumable: a job whose run directory holds a checkpoint continues with ``--resume``; one
+with an ``eval.json`` is done). ``--parallel`` jobs run at once, each on one torch thread.
+When a job finishes, its ``config.json``, ``initial_eval.json``, ``metrics.jsonl``,
+``slates.jsonl`` and ``eval.json`` (not the weights) are copied to
+``data/results/ch08/<what>/...`` with a ``PROVENANCE.json``: the command, the commit, the
+machine, the date, the seed, wall time and CPU time.
+
+    python scripts/ch08_record.py control                 # data/results/ch08/control
+    python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
+
+The configs are ``data/configs/ch08-control.json`` and ``data/configs/ch08-compare.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "data" / "results" / "ch08"
+COPIED = ("config.json", "initial_eval.json", "metrics.jsonl", "slates.jsonl", "eval.json")
+
+JOBS = {
+    "control": [("wta", 0, "control")],
+    # wta and removal on 3 seeds each, the full-feedback oracle on 1; interleaved so that a
+    # partial recording still pairs the two signals seed by seed
+    "compare": [
+        ("wta", 0, "compare/wta/seed0"),
+        ("removal", 0, "compare/removal/seed0"),
+        ("oracle", 0, "compare/oracle/seed0"),
+        ("wta", 1, "compare/wta/seed1"),
+        ("removal", 1, "compare/removal/seed1"),
+        ("wta", 2, "compare/wta/seed2"),
+        ("removal", 2, "compare/removal/seed2"),
+    ],
+}
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def _machine() -> dict:
+    import torch
+    import transformers
+
+    cpu = "unknown"
+    if Path("/proc/cpuinfo").exists():
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ]
+        cpu = names[0] if names else cpu
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average": os.getloadavg(),
+    }
+
+
+def _command(what: str, signal: str, seed: int, run: Path) -> list[str]:
+    """The train command; the config is ``data/configs/ch08-<what>.json`` with ``seed`` set."""
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        "mcpg.grpo",
+        "train",
+        "--signal",
+        signal,
+        "--output",
+        str(run),
+        "--no-progress",
+    ]
+    if (run / "config.json").exists():
+        return cmd + ["--resume"]
+    spec = json.loads((ROOT / "data" / "configs" / f"ch08-{what}.json").read_text())
+    seeded = run.with_suffix(".config.json")
+    seeded.write_text(json.dumps({**spec, "seed": seed}, indent=1) + "\n")
+    return cmd + ["--config", str(seeded)]
+
+
+def _times(path: Path) -> dict:
+    """CPU seconds and peak memory from ``/usr/bin/time -v``'s report (empty without it)."""
+    if not path.exists():
+        return {}
+    keys = {
+        "User time (seconds)": "user_s",
+        "System time (seconds)": "system_s",
+        "Maximum resident set size (kbytes)": "max_rss_kb",
+    }
+    out = {}
+    for ln in path.read_text().splitlines():
+        k, _, v = ln.strip().partition(": ")
+        if k in keys:
+            out[keys[k]] = float(v)
+    return out
+
+
+def _record(
+    what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float
+) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in COPIED:
+        if (run / name).exists():
+            shutil.copy2(run / name, dest / name)
+    prov = {
+        "what": f"chapter 8 {what}: signal {signal}, seed {seed}",
+        "command": " ".join(["OMP_NUM_THREADS=1"] + [c if c != sys.executable else "python" for c in cmd]),
+        "config": f"data/configs/ch08-{what}.json",
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seed": seed,
+        "wall_s": round(wall),
+        **_times(run.with_suffix(".time")),
+        "note": "wall and CPU time of this call (a resumed run counts its last call only); one torch thread",
+        "machine": _machine(),
+        "copied": list(COPIED) + ["(not the adapter or router weights)"],
+    }
+    (dest / "PROVENANCE.json").write_text(json.dumps(prov, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=sorted(JOBS))
+    ap.add_argument("--runs", default=str(ROOT / "runs" / "ch08"), help="where the run directories live")
+    ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
+    a = ap.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    pending = [j for j in JOBS[a.what] if not (RESULTS / j[2] / "eval.json").exists()]
+    running: list[tuple] = []
+    while pending or running:
+        while pending and len(running) < a.parallel:
+            signal, seed, rel = pending.pop(0)
+            run = Path(a.runs) / rel
+            run.parent.mkdir(parents=True, exist_ok=True)
+            cmd = _command(a.what, signal, seed, run)
+            log = open(run.with_suffix(".log"), "a")
+            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            timer = (
+                ["/usr/bin/time", "-v", "-o", str(run.with_suffix(".time"))]
+                if Path("/usr/bin/time").exists()
+                else []
+            )
+            proc = subprocess.Popen(timer + cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            running.append((proc, signal, seed, rel, run, cmd, started, time.time()))
+            print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)
+        time.sleep(5)
+        for job in list(running):
+            proc, signal, seed, rel, run, cmd, started, t0 = job
+            if proc.poll() is None:
+                continue
+            running.remove(job)
+            if proc.returncode == 0 and (run / "eval.json").exists():
+                _record(a.what, signal, seed, run, RESULTS / rel, cmd, started, time.time() - t0)
+                print(f"recorded {rel} in {time.time() - t0:.0f} s", flush=True)
+            else:
+                print(f"failed {rel} (exit {proc.returncode}); see {run.with_suffix('.log')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

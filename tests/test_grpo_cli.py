@@ -1,0 +1,185 @@
+"""The command line ``python -m mcpg.grpo``: one ``error:`` line for a mistake in the command,
+``--threads`` applied, ``--help`` with examples, only the known third-party warnings hidden."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from mcpg.grpo import __main__ as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ["train", "--config", "tiny-random", "--signal", "wta"]
+
+
+def error_of(capsys, argv) -> str:
+    """Run the command line in this process; return its one error line (and check it is one)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Replace train/evaluate_run by recorders, so that only the command line itself runs."""
+    from mcpg.grpo import train as train_module
+
+    calls = []
+
+    def fake_train(config, signal, output, **kwargs):
+        calls.append(("train", config, signal, output, kwargs, torch.get_num_threads()))
+        return {"accuracy": 0.0}
+
+    def fake_evaluate(run, **kwargs):
+        calls.append(("evaluate", run, kwargs, torch.get_num_threads()))
+        return {"accuracy": 0.0}
+
+    monkeypatch.setattr(train_module, "train", fake_train)
+    monkeypatch.setattr(train_module, "evaluate_run", fake_evaluate)
+    n = torch.get_num_threads()
+    yield calls
+    torch.set_num_threads(n)
+
+
+def test_output_that_is_a_file(tmp_path, capsys, no_training):
+    f = tmp_path / "taken.txt"
+    f.write_text("x")
+    err = error_of(capsys, [*TRAIN, "--output", str(f)])
+    assert str(f) in err and "is an existing file" in err
+    err = error_of(capsys, [*TRAIN, "--output", str(f / "run")])
+    assert str(f) in err and "is a file" in err
+    assert no_training == []
+
+
+def test_malformed_config_names_the_file(tmp_path, capsys, no_training):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"base": "tiny-random", "updates": 3,}')
+    out = ["--signal", "wta", "--output", str(tmp_path / "r")]
+    err = error_of(capsys, ["train", "--config", str(bad), *out])
+    assert str(bad) in err and "not valid JSON" in err and "line 1" in err
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"base": "tiny-random", "update": 3}')
+    err = error_of(capsys, ["train", "--config", str(unknown), *out])
+    assert str(unknown) in err and "'update'" in err
+    err = error_of(capsys, ["train", "--config", str(tmp_path / "missing.json"), *out])
+    assert "missing.json" in err and "neither a named config" in err
+    err = error_of(capsys, ["train", "--config", str(tmp_path), *out])
+    assert "is a directory" in err
+    assert no_training == []
+
+
+def test_unknown_signal(tmp_path, capsys):
+    argv = ["train", "--config", "tiny-random", "--signal", "best", "--output", str(tmp_path / "r")]
+    err = error_of(capsys, argv)
+    assert "signal must be one of" in err and "'best'" in err
+
+
+def test_bad_run_directories(tmp_path, capsys, no_training):
+    err = error_of(capsys, ["evaluate", "--run", str(tmp_path / "nowhere")])
+    assert "nowhere" in err and "does not exist" in err
+    err = error_of(capsys, ["evaluate", "--run", str(tmp_path)])
+    assert "no config.json" in err
+    (tmp_path / "config.json").write_text("{not json")
+    err = error_of(capsys, ["evaluate", "--run", str(tmp_path)])
+    assert str(tmp_path / "config.json") in err and "not valid JSON" in err
+    err = error_of(capsys, [*TRAIN, "--resume", "--output", str(tmp_path / "fresh")])
+    assert "no run to resume" in err
+    assert no_training == []
+
+
+def test_argument_errors_exit_2(capsys):
+    for argv in (["evaluate", "--run", "x", "--threads", "0"],
+                 ["evaluate", "--run", "x", "--threads", "two"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2
+        assert "error:" in capsys.readouterr().err
+
+
+def test_threads_are_applied_and_recorded(tmp_path, no_training):
+    torch.set_num_threads(2)
+    assert cli.main(["train", "--config", "tiny-random", "--signal", "wta", "--output", str(tmp_path / "a"),
+                     "--threads", "1", "--no-progress"]) == 0
+    kind, config, signal, output, kwargs, threads = no_training[-1]
+    assert (kind, config, signal, threads) == ("train", "tiny-random", "wta", 1)
+    assert kwargs["threads"] == 1 and kwargs["progress"] is False  # written into the run's config.json
+    # a config file's 'threads' applies when --threads is not given
+    torch.set_num_threads(2)
+    conf = tmp_path / "one.json"
+    conf.write_text(json.dumps({"base": "tiny-random", "threads": 1}))
+    argv = ["train", "--config", str(conf), "--signal", "removal", "--output", str(tmp_path / "b")]
+    assert cli.main(argv) == 0
+    assert no_training[-1][-1] == 1 and "threads" not in no_training[-1][4]
+    # evaluate reads the run's config.json; --threads overrides it
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = {"config": {"base": "tiny-random", "threads": 1}, "signal": "wta"}
+    (run / "config.json").write_text(json.dumps(saved))
+    torch.set_num_threads(2)
+    assert cli.main(["evaluate", "--run", str(run)]) == 0
+    assert no_training[-1][-1] == 1
+    assert cli.main(["evaluate", "--run", str(run), "--threads", "2"]) == 0
+    assert no_training[-1][-1] == 2
+
+
+def test_help_has_two_examples(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out
+    commands = [line.strip() for line in out.splitlines() if line.strip().startswith("python -m mcpg.grpo ")]
+    assert len(commands) == 2 and {c.split()[3] for c in commands} == {"train", "evaluate"}
+
+
+def test_only_the_known_warnings_are_hidden():
+    known = [("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning,
+              "transformers.modeling_utils"),
+             ("Could not find a config file in tiny-random - will assume that the vocabulary was not "
+              "modified.", UserWarning, "peft.utils.save_and_load")]
+    other = [("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, "mylib"),
+             ("something else is deprecated", FutureWarning, "transformers.modeling_utils")]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli.filter_known_warnings()
+        for message, category, module in known + other:
+            warnings.warn_explicit(message, category, "f.py", 1, module=module)
+    assert [str(w.message) for w in seen] == [m for m, _, _ in other]
+
+
+def test_no_progress_hides_the_loading_bars(monkeypatch):
+    gguf_utils = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(gguf_utils, "tqdm", gguf_utils.tqdm)  # restored after the test
+    enabled = hf_logging.is_progress_bar_enabled()
+    try:
+        cli.hide_loading_progress()
+        cli.hide_loading_progress()  # idempotent
+        bar = gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")
+        assert bar.disable and list(bar) == [0, 1, 2]
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+        from huggingface_hub.utils import enable_progress_bars
+
+        enable_progress_bars()
+
+
+def test_python_m_prints_an_error_line_not_a_traceback(tmp_path):
+    f = tmp_path / "taken"
+    f.write_text("x")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "mcpg.grpo", *TRAIN, "--output", str(f)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    want = f"error: --output {f} is an existing file; give a directory (new, or a run to --resume)"
+    assert proc.stderr.strip() == want

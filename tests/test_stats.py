@@ -1,0 +1,82 @@
+"""mcpg.stats: Student-t intervals, paired differences and summary tables, against known values."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mcpg import plotting, stats
+
+
+def test_t_quantiles_are_the_table_values():
+    assert stats.t_quantile(0.95, 9) == pytest.approx(2.2621571627982, rel=1e-10)
+    assert stats.t_quantile(0.95, np.inf) == pytest.approx(1.959963984540054, rel=1e-12)
+    assert stats.t_quantile(0.99, 4) == pytest.approx(4.604094871, rel=1e-8)
+    with pytest.raises(ValueError, match="level"):
+        stats.t_quantile(1.0, 3)
+    with pytest.raises(ValueError, match="df"):
+        stats.t_quantile(0.95, 0)
+
+
+def test_mean_ci_by_hand_ten_seeds():
+    x = np.arange(10.0)  # mean 4.5, sd sqrt(55/6)
+    m, hw = stats.mean_ci(x)
+    assert m == pytest.approx(4.5)
+    assert hw == pytest.approx(2.2621571627982 * np.sqrt(55 / 6) / np.sqrt(10), rel=1e-10)
+    # along an axis
+    y = np.stack([x, 2 * x], axis=1)
+    m2, hw2 = stats.mean_ci(y, axis=0)
+    np.testing.assert_allclose(m2, [4.5, 9.0])
+    np.testing.assert_allclose(hw2, [hw, 2 * hw])
+    assert plotting.mean_ci is stats.mean_ci  # chapters importing it from plotting keep working
+    with pytest.raises(ValueError, match="two samples"):
+        stats.mean_ci([1.0])
+
+
+def test_t_interval_covers_at_its_level_for_small_n():
+    # coverage of the 95% t-interval with n = 5 normal samples is 95%; the z-interval's is lower
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40_000, 5))
+    m, hw = stats.mean_ci(x, axis=1)
+    cover_t = np.mean(np.abs(m) <= hw)
+    _, se = stats.mean_se(x, axis=1)
+    cover_z = np.mean(np.abs(m) <= stats.half_width(se))
+    assert abs(cover_t - 0.95) < 0.005
+    assert cover_z < 0.89  # the normal approximation undercovers (about 87.8% at n = 5)
+
+
+def test_paired_difference():
+    a = np.array([0.5, 0.6, 0.7, 0.8])
+    b = np.array([0.4, 0.45, 0.5, 0.7])
+    iv = stats.paired_difference(a, b)
+    d = a - b
+    assert iv.mean == pytest.approx(d.mean())
+    assert iv.half_width == pytest.approx(stats.t_quantile(0.95, 3) * d.std(ddof=1) / 2)
+    assert iv.n == 4 and iv.sd == pytest.approx(d.std(ddof=1))
+    mean, hw, n = iv
+    assert (mean, hw, n) == (iv.mean, iv.half_width, 4)
+    assert iv.excludes_zero() and "t_3" in str(iv)
+    assert not stats.paired_difference(a, a + [0.1, -0.1, 0.1, -0.1]).excludes_zero()
+    with pytest.raises(ValueError, match="same length"):
+        stats.paired_difference(a, b[:3])
+    with pytest.raises(ValueError, match="NaN"):
+        stats.paired_difference(a, [np.nan, 0, 0, 0])
+
+
+def test_summary_table():
+    frame = pd.DataFrame({"method": ["x"] * 3 + ["y"] * 3, "seed": [0, 1, 2] * 2,
+                          "acc": [0.1, 0.2, 0.3, 0.5, 0.5, np.nan]})
+    t = stats.summary_table(frame, ["acc"])
+    assert list(t.index) == ["x", "y"]
+    assert t.loc["x", "acc"] == pytest.approx(0.2)
+    assert t.loc["x", "acc ±"] == pytest.approx(stats.t_quantile(0.95, 2) * 0.1 / np.sqrt(3))
+    assert t.loc["y", "acc ±"] == pytest.approx(0.0)  # two equal values
+    assert t.loc["x", "n"] == 3
+    f = stats.summary_table(frame, ["acc"], formatted=True, digits=2)
+    assert f.loc["x", "acc"].startswith("0.20 ± ")
+    with pytest.raises(ValueError, match="not in frame"):
+        stats.summary_table(frame, ["nope"])
+
+
+def test_shared_vocabulary():
+    assert stats.EVAL_KEYS == ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
+    assert stats.SPECIALTIES == ("money", "time", "geometry")
