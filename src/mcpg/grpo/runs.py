@@ -21,7 +21,7 @@ functions below turn runs into the frames chapter 8 draws and tests:
   (truncation, agent-updates without a correct candidate, credit-free agent-updates,
   rollouts with no correct candidate at all, routing collapse at evaluation).
 
-Only numpy, pandas, scipy and :mod:`mcpg.grpo.objective` are imported (no transformers).
+Only numpy, pandas, :mod:`mcpg.stats` and :mod:`mcpg.grpo.objective` are imported (no transformers).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from ..stats import mean_ci
 from .objective import credit
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
@@ -133,6 +133,9 @@ def read_comparison(folder: str | os.PathLike) -> list[Run]:
 def t_interval(x, level: float = 0.95) -> dict:
     """Mean of ``x`` with its Student-t confidence interval: ``mean +- t_{n-1} sd / sqrt(n)``.
 
+    The interval is :func:`mcpg.stats.mean_ci`'s; this wrapper returns it as a dict (with
+    ``low``, ``high``, ``sd`` and ``n``) for the frames below, and allows ``n = 1``.
+
     ``sd`` is the sample standard deviation (ddof 1). Returns ``mean``, ``low``, ``high``,
     ``half_width``, ``sd`` and ``n``; with ``n < 2`` the interval is undefined (NaN). When
     every value is equal the interval has width 0.
@@ -146,7 +149,7 @@ def t_interval(x, level: float = 0.95) -> dict:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     n, mean = x.size, float(x.mean())
     sd = float(x.std(ddof=1)) if n > 1 else float("nan")
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n)) if n > 1 else float("nan")
+    half = float(mean_ci(x, level=level)[1]) if n > 1 else float("nan")
     return {"mean": mean, "low": mean - half, "high": mean + half, "half_width": half, "sd": sd, "n": n}
 
 
