@@ -1,0 +1,324 @@
+"""Recorded GRPO runs as tidy tables: learning curves, health, held-out gains, Eq. 19 on real slates.
+
+A run directory written by :func:`mcpg.grpo.train.train` (its files and every logged key are
+listed in :mod:`mcpg.grpo.train`) is read by :func:`read_run` into a :class:`Run`. The
+functions below turn runs into the frames chapter 8 draws and tests:
+
+- :func:`read_comparison`: every run of a comparison recorded as ``<signal>/seed<k>/``;
+- :func:`learning_curve`: the sampled deployed reward per update, with a trailing rolling mean;
+- :func:`health`: zero-spread groups, truncation, completion length, routing shares, ... in long
+  form (one row per update, agent and metric);
+- :func:`eval_table`: Table 1's six diagnostics of several runs, with the frozen model's row;
+- :func:`paired_difference`, :func:`eval_gains`, :func:`compare_runs`: paired per-problem
+  differences of held-out correctness (final pool vs frozen base model, final vs untrained
+  pool, one run vs another on the same problems) with t-intervals (:func:`t_interval`);
+- :func:`slate_credit`: on the logged slates, where every candidate's reward is known, the
+  removal estimate of Eq. (19) from the deployed reward only, its exact expectation over the
+  router's draw, and the exact removal contribution (the ``oracle`` signal); Corollary 3 says
+  the last two are equal for any fixed outcome model (proof: the paper's Appendix B.11).
+  The credits come from :func:`mcpg.grpo.objective.credit`, not a re-implementation;
+- :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
+  (truncation, agent-updates without a correct candidate, credit-free agent-updates,
+  rollouts with no correct candidate at all, routing collapse at evaluation).
+
+Only numpy, pandas, :mod:`mcpg.stats` and :mod:`mcpg.grpo.objective` are imported (no transformers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..stats import mean_ci
+from .objective import credit
+
+__all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
+           "health", "eval_table", "eval_gains", "compare_runs", "slate_credit", "recording_summary",
+           "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
+
+EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
+"""Table 1's six diagnostics (paper §8), in its order."""
+
+PER_AGENT_METRICS = ("agent_accuracy", "selected_fraction", "credit_mean", "zero_std_fraction",
+                     "zero_std_reward_fraction", "loss")
+"""metrics.jsonl keys that hold one value per agent."""
+
+SCALAR_METRICS = ("reward", "oracle", "entropy", "brier", "specialization", "truncated",
+                  "completion_tokens", "clip_fraction", "router_loss", "router_slates")
+"""metrics.jsonl keys that hold one value per update."""
+
+
+@dataclass
+class Run:
+    """One recorded run directory.
+
+    Attributes:
+        path: the directory.
+        config: the resolved config (``config.json``'s ``config``).
+        signal: ``wta``, ``removal`` or ``oracle``.
+        agents: the agents' names, in the config's order (the order of every per-agent list).
+        metrics: ``metrics.jsonl`` as a frame, one row per update (lists kept as lists).
+        eval: ``eval.json`` (None when the run has not finished).
+        initial_eval: ``initial_eval.json`` (None when the config skipped it or the run predates it).
+        slates: ``slates.jsonl`` rows (empty when absent).
+        provenance: ``PROVENANCE.json`` of the directory (None when absent).
+    """
+
+    path: Path
+    config: dict
+    signal: str
+    agents: list[str]
+    metrics: pd.DataFrame
+    eval: dict | None = None
+    initial_eval: dict | None = None
+    slates: list[dict] = field(default_factory=list)
+    provenance: dict | None = None
+
+    @property
+    def label(self) -> str:
+        """A run's name in tables: ``signal``, or ``signal seed<k>`` for a run of a comparison
+        (a directory named ``seed<k>``) or with a seed other than 0."""
+        seed = self.config.get("seed", 0)
+        in_comparison = self.path.name.startswith("seed")
+        return f"{self.signal} seed{seed}" if seed or in_comparison else self.signal
+
+    @property
+    def slates_per_update(self) -> int:
+        """Slates per rollout: prompts per update times m."""
+        return int(self.config["prompts_per_update"] * self.config["completions_per_agent"])
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_run(path: str | os.PathLike) -> Run:
+    """Read a run directory (``config.json`` and ``metrics.jsonl`` required; the rest optional)."""
+    path = Path(path)
+    saved = _read_json(path / "config.json")
+    if saved is None:
+        raise FileNotFoundError(f"{path} holds no config.json: not a run directory")
+    rows = _read_jsonl(path / "metrics.jsonl")
+    if not rows:
+        raise FileNotFoundError(f"{path} holds no metrics.jsonl rows")
+    cfg = saved["config"]
+    return Run(path=path, config=cfg, signal=saved["signal"], agents=[a["name"] for a in cfg["agents"]],
+               metrics=pd.DataFrame(rows), eval=_read_json(path / "eval.json"),
+               initial_eval=_read_json(path / "initial_eval.json"), slates=_read_jsonl(path / "slates.jsonl"),
+               provenance=_read_json(path / "PROVENANCE.json"))
+
+
+def read_comparison(folder: str | os.PathLike) -> list[Run]:
+    """Every run of a comparison laid out as ``<folder>/<signal>/seed<k>/``, sorted by signal and seed.
+
+    Folders without a ``config.json`` (a run still being written) are skipped.
+    """
+    folder = Path(folder)
+    runs = [read_run(f.parent) for f in folder.glob("*/seed*/config.json")
+            if (f.parent / "metrics.jsonl").is_file()]
+    return sorted(runs, key=lambda r: (r.signal, r.config.get("seed", 0)))
+
+
+def t_interval(x, level: float = 0.95) -> dict:
+    """Mean of ``x`` with its Student-t confidence interval: ``mean +- t_{n-1} sd / sqrt(n)``.
+
+    The interval is :func:`mcpg.stats.mean_ci`'s; this wrapper returns it as a dict (with
+    ``low``, ``high``, ``sd`` and ``n``) for the frames below, and allows ``n = 1``.
+
+    ``sd`` is the sample standard deviation (ddof 1). Returns ``mean``, ``low``, ``high``,
+    ``half_width``, ``sd`` and ``n``; with ``n < 2`` the interval is undefined (NaN). When
+    every value is equal the interval has width 0.
+    """
+    x = np.asarray(x, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError("t_interval needs at least one value")
+    if np.isnan(x).any():
+        raise ValueError("t_interval: x contains NaN")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    n, mean = x.size, float(x.mean())
+    sd = float(x.std(ddof=1)) if n > 1 else float("nan")
+    half = float(mean_ci(x, level=level)[1]) if n > 1 else float("nan")
+    return {"mean": mean, "low": mean - half, "high": mean + half, "half_width": half, "sd": sd, "n": n}
+
+
+def paired_difference(a, b, level: float = 0.95) -> dict:
+    """Paired difference ``a - b`` of per-problem outcomes on the same problems, with its t-interval.
+
+    Returns ``mean_a``, ``mean_b`` and :func:`t_interval` of the differences (``mean`` is
+    ``mean_a - mean_b``).
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-d and paired (same length), got shapes {a.shape} and {b.shape}")
+    return {"mean_a": float(a.mean()), "mean_b": float(b.mean()), **t_interval(a - b, level)}
+
+
+def learning_curve(runs: Run | list[Run], window: int = 5) -> pd.DataFrame:
+    """Sampled deployed reward per update and its trailing rolling mean over ``window`` updates.
+
+    Columns: ``run`` (the run's label), ``signal``, ``seed``, ``update``, ``reward`` (mean G of the
+    rollout), ``rolling`` (mean of the last ``window`` updates' rewards, fewer at the start),
+    ``oracle`` (share of slates with some correct candidate) and ``slates`` (slates per rollout).
+    """
+    if window < 1:
+        raise ValueError(f"window must be a positive integer, got {window}")
+    frames = []
+    for run in [runs] if isinstance(runs, Run) else runs:
+        m = run.metrics.sort_values("update")
+        frames.append(pd.DataFrame({
+            "run": run.label, "signal": run.signal, "seed": run.config.get("seed", 0),
+            "update": m["update"].to_numpy(), "reward": m["reward"].to_numpy(dtype=float),
+            "rolling": m["reward"].astype(float).rolling(window, min_periods=1).mean().to_numpy(),
+            "oracle": m["oracle"].to_numpy(dtype=float), "slates": run.slates_per_update}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def health(runs: Run | list[Run]) -> pd.DataFrame:
+    """Health metrics in long form: one row per run, update, agent and metric.
+
+    Per-agent metrics (:data:`PER_AGENT_METRICS`) get the agent's name; per-update metrics
+    (:data:`SCALAR_METRICS`) get agent ``"all"``. Keys a run's rows do not hold (an older
+    recording) are skipped. Columns: ``run``, ``signal``, ``update``, ``agent``, ``metric``, ``value``.
+    """
+    rows = []
+    for run in [runs] if isinstance(runs, Run) else runs:
+        for r in run.metrics.to_dict("records"):
+            for key in PER_AGENT_METRICS:
+                if isinstance(r.get(key), list):
+                    rows += [(run.label, run.signal, r["update"], a, key, float(v))
+                             for a, v in zip(run.agents, r[key])]
+            for key in SCALAR_METRICS:
+                v = r.get(key)
+                if v is not None and not (isinstance(v, float) and np.isnan(v)):
+                    rows.append((run.label, run.signal, r["update"], "all", key, float(v)))
+    return pd.DataFrame(rows, columns=["run", "signal", "update", "agent", "metric", "value"])
+
+
+def eval_table(runs: Run | list[Run], frozen: bool = True) -> pd.DataFrame:
+    """Table 1's diagnostics of each finished run, the untrained pool's accuracy, and the frozen model.
+
+    One row per run (its label) with :data:`EVAL_KEYS`, ``initial_accuracy`` (NaN when not
+    recorded) and ``n``; with ``frozen`` a first row ``frozen (single agent)`` holds the base
+    model's greedy accuracy of the first run (all runs of one comparison share it).
+    """
+    runs = [runs] if isinstance(runs, Run) else runs
+    done = [r for r in runs if r.eval is not None]
+    if not done:
+        raise ValueError("no run has an eval.json")
+    rows = {}
+    if frozen:
+        rows["frozen (single agent)"] = {"accuracy": done[0].eval["base_accuracy"], "n": done[0].eval["n"]}
+    for r in done:
+        rows[r.label] = {**{k: r.eval.get(k) for k in EVAL_KEYS},
+                         "initial_accuracy": r.eval.get("initial_accuracy"), "n": r.eval["n"]}
+    cols = [*EVAL_KEYS, "initial_accuracy", "n"]
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=cols).astype(float)
+
+
+def eval_gains(run: Run, level: float = 0.95) -> pd.DataFrame:
+    """Paired held-out gains of one run, per problem, with t-intervals.
+
+    Rows: ``trained - frozen base`` (``correct`` vs ``base_correct``), ``trained - untrained pool``
+    (``correct`` vs ``initial_correct``) and ``untrained pool - frozen base``; rows whose lists
+    the run did not record are left out. Columns as :func:`paired_difference`.
+    """
+    e = run.eval
+    if e is None or "correct" not in e:
+        raise ValueError(f"{run.path}: eval.json has no per-problem 'correct' list (an older recording)")
+    pairs = {"trained - frozen base": ("correct", "base_correct"),
+             "trained - untrained pool": ("correct", "initial_correct"),
+             "untrained pool - frozen base": ("initial_correct", "base_correct")}
+    rows = {name: paired_difference(e[a], e[b], level) for name, (a, b) in pairs.items() if a in e and b in e}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def compare_runs(a: Run, b: Run, level: float = 0.95) -> dict:
+    """Paired difference of two runs' deployed held-out correctness (``a - b``) on the same problems.
+
+    Refuses runs whose held-out problems may differ (task, data, data_seed, eval_problems).
+    """
+    for key in ("task", "data_dir", "data_seed", "eval_problems"):
+        if a.config.get(key) != b.config.get(key):
+            raise ValueError(f"runs differ in config key {key!r}: their held-out problems are not paired")
+    if a.eval is None or b.eval is None or "correct" not in a.eval or "correct" not in b.eval:
+        raise ValueError("both runs need an eval.json with a per-problem 'correct' list")
+    return paired_difference(a.eval["correct"], b.eval["correct"], level)
+
+
+def slate_credit(run: Run) -> pd.DataFrame:
+    """Eq. (19) against the exact removal contribution on a run's logged slates.
+
+    For every logged slate (update u, slate g; the slates of one prompt are ``m`` consecutive
+    ones) and agent i: the candidate's reward ``R``, the propensity ``p``, the outcome model
+    ``mu_hat``, whether it was deployed, and three credits from
+    :func:`mcpg.grpo.objective.credit`:
+
+    - ``removal``: Eq. (19) from the deployed reward G = R^(I) only (what ``removal`` trains on);
+    - ``removal_expected``: its exact expectation over the router's draw I ~ p given the
+      slate, ``sum_j p_j Delta_hat_i(I=j, G=R^(j))``;
+    - ``oracle``: the exact removal contribution ``sum_j p_j R^(j) - sum_{j != i} p^{-i}_j R^(j)``.
+
+    Corollary 3: ``removal_expected == oracle`` for any fixed ``mu_hat``. ``logged`` is the
+    credit the run trained on (its signal's), which must equal that signal's recomputed credit.
+    """
+    if not run.slates:
+        raise ValueError(f"{run.path} holds no slates.jsonl")
+    m = int(run.config["completions_per_agent"])
+    frames = []
+    for row in run.slates:
+        R, p = np.asarray(row["R"], float), np.asarray(row["p"], float)
+        P, mu = np.asarray(row["P"], float), np.asarray(row["mu_hat"], float)
+        sel, G = np.asarray(row["I"], int), np.asarray(row["G"], float)
+        n, K = R.shape
+        removal = credit("removal", sel, G, p, P, mu)
+        oracle = credit("oracle", sel, G, p, P, mu, rewards_all=R)
+        expected = sum(p[:, [j]] * credit("removal", np.full(n, j), R[:, j], p, P, mu) for j in range(K))
+        frames.append(pd.DataFrame({
+            "update": row["update"], "slate": np.repeat(np.arange(n), K),
+            "prompt": np.repeat(np.arange(n) // m, K),
+            "agent": np.tile(run.agents, n), "R": R.ravel(), "p": p.ravel(), "mu_hat": mu.ravel(),
+            "deployed": (sel[:, None] == np.arange(K)).ravel(), "G": np.repeat(G, K),
+            "removal": removal.ravel(), "removal_expected": expected.ravel(), "oracle": oracle.ravel(),
+            "logged": np.asarray(row["score"], float).ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def recording_summary(run: Run) -> dict:
+    """Counts behind a diagnosis of one recording, from its metrics rows and eval.json.
+
+    ``truncated_mean``/``_min``/``_max``: share of completions cut at ``max_new_tokens``;
+    ``agent_updates``: updates x agents; ``no_correct``: agent-updates none of whose sampled
+    completions is right (every group of that agent has zero reward spread);
+    ``no_credit``: agent-updates whose credit scores are all 0 (for ``wta``, whose scores are
+    >= 0, ``credit_mean == 0`` means exactly that: every group standardises to advantage 0);
+    ``groups``/``groups_without_signal_min``: the agent's groups in total and a lower bound on
+    those without signal (all groups of credit-free agent-updates; ``wta`` only, else None);
+    ``rollouts_no_correct``: updates with no correct candidate in the whole rollout (``oracle == 0``);
+    ``max_deployed_fraction``: at evaluation, the largest share of problems one agent got.
+    """
+    m = run.metrics
+    acc = np.array(m["agent_accuracy"].tolist(), dtype=float)
+    cm = np.array(m["credit_mean"].tolist(), dtype=float)
+    groups_per = int(run.config["prompts_per_update"])
+    no_credit = int((cm == 0).sum()) if run.signal == "wta" else None
+    return {
+        "updates": len(m), "truncated_mean": float(m["truncated"].mean()),
+        "truncated_min": float(m["truncated"].min()), "truncated_max": float(m["truncated"].max()),
+        "agent_updates": int(acc.size), "no_correct": int((acc == 0).sum()),
+        "no_credit": no_credit, "groups": int(acc.size * groups_per),
+        "groups_without_signal_min": None if no_credit is None else no_credit * groups_per,
+        "rollouts_no_correct": int((m["oracle"] == 0).sum()),
+        "max_deployed_fraction": None if run.eval is None else float(max(run.eval["deployed_fraction"])),
+    }

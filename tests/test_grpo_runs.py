@@ -1,0 +1,183 @@
+"""Tests of mcpg.grpo.runs: reading run directories, t-intervals, paired gains, Eq. 19 on logged slates."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mcpg import routing
+from mcpg.grpo.objective import credit
+from mcpg.grpo.runs import (
+    compare_runs,
+    eval_gains,
+    eval_table,
+    health,
+    learning_curve,
+    paired_difference,
+    read_comparison,
+    read_run,
+    recording_summary,
+    slate_credit,
+    t_interval,
+)
+
+AGENTS = [{"name": n, "role": "r", "temperature": 1.0, "specialty": n} for n in ("money", "time", "geometry")]
+
+
+def _config(**kw):
+    cfg = {"agents": AGENTS, "prompts_per_update": 2, "completions_per_agent": 4, "seed": 0,
+           "task": "arithmetic", "data_dir": None, "data_seed": 0, "eval_problems": 6}
+    return {**cfg, **kw}
+
+
+def _write_run(folder, signal="removal", rows=None, eval_=None, slates=None, **cfg):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": _config(**cfg), "signal": signal}))
+    rows = rows or [{"update": u, "signal": signal, "reward": r, "oracle": 0.5, "truncated": 0.25,
+                     "agent_accuracy": [0.1, 0.2, 0.0], "credit_mean": [0.0, 0.1, 0.0]}
+                    for u, r in enumerate([0.0, 1.0, 0.0, 1.0], start=1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if eval_ is not None:
+        (folder / "eval.json").write_text(json.dumps(eval_))
+    if slates is not None:
+        (folder / "slates.jsonl").write_text("".join(json.dumps(s) + "\n" for s in slates))
+    return folder
+
+
+def _slates(rng, n_updates=3, n=8, K=3, signal="removal"):
+    out = []
+    for u in range(1, n_updates + 1):
+        s = rng.normal(size=(n, K)) * 2
+        p, P = routing.router_propensities(s, 1.0, 0.1), routing.leave_one_out_propensities(s, 1.0, 0.1)
+        mu = 1 / (1 + np.exp(-s))
+        R = rng.binomial(1, 0.4, size=(n, K)).astype(float)
+        sel = routing.sample_selection(p, rng)
+        G = R[np.arange(n), sel]
+        score = credit(signal, sel, G, p, P, mu, rewards_all=R)
+        out.append({"update": u, "R": R.tolist(), "I": sel.tolist(), "G": G.tolist(), "p": p.tolist(),
+                    "P": P.tolist(), "mu_hat": mu.tolist(), "score": score.tolist()})
+    return out
+
+
+def test_t_interval_formula():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    ci = t_interval(x)
+    half = stats.t.ppf(0.975, 3) * np.std(x, ddof=1) / 2
+    assert ci["mean"] == 2.5 and ci["n"] == 4
+    assert ci["half_width"] == pytest.approx(half) and ci["half_width"] == pytest.approx(2.0543, abs=1e-4)
+    assert ci["low"] == pytest.approx(2.5 - half) and ci["high"] == pytest.approx(2.5 + half)
+    assert t_interval([3.0, 3.0, 3.0])["half_width"] == 0
+    assert np.isnan(t_interval([1.0])["half_width"])
+    with pytest.raises(ValueError):
+        t_interval([])
+
+
+def test_t_interval_covers_at_its_level():
+    # normal samples of size 5: the t-interval's coverage is exactly 0.95 (a z-interval's is not)
+    rng = np.random.default_rng(0)
+    hits = [(ci := t_interval(rng.normal(1.0, 2.0, size=5)))["low"] <= 1.0 <= ci["high"] for _ in range(4000)]
+    assert abs(np.mean(hits) - 0.95) < 0.012  # 3.5 binomial standard errors
+
+
+def test_paired_difference():
+    a, b = [1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1]
+    d = paired_difference(a, b)
+    assert d["mean"] == pytest.approx(np.mean(a) - np.mean(b)) and d["mean_a"] == pytest.approx(4 / 6)
+    assert d == {**d, **t_interval(np.subtract(a, b))}
+    with pytest.raises(ValueError):
+        paired_difference([1, 0], [1, 0, 1])
+
+
+def test_read_run_learning_curve_and_health(tmp_path):
+    run = read_run(_write_run(tmp_path / "r"))
+    assert run.agents == ["money", "time", "geometry"] and run.slates_per_update == 8 and run.eval is None
+    lc = learning_curve(run, window=2)
+    assert lc["rolling"].tolist() == [0.0, 0.5, 0.5, 0.5] and (lc["slates"] == 8).all()
+    h = health(run)
+    # keys the rows do not hold are skipped; per-agent lists get the agents' names
+    assert set(h["metric"]) == {"reward", "oracle", "truncated", "agent_accuracy", "credit_mean"}
+    acc = h[(h["metric"] == "agent_accuracy") & (h["update"] == 1)].set_index("agent")["value"]
+    assert acc.to_dict() == {"money": 0.1, "time": 0.2, "geometry": 0.0}
+    with pytest.raises(FileNotFoundError):
+        read_run(tmp_path)
+
+
+def test_eval_gains_table_and_compare(tmp_path):
+    ev = {"accuracy": 0.5, "entropy": 0.9, "brier": 0.2, "specialization": None, "oracle": 0.8, "regret": 0.3,
+          "base_accuracy": 1 / 3, "n": 6, "deployed_fraction": [0.5, 0.5, 0.0],
+          "correct": [1, 1, 1, 0, 0, 0], "base_correct": [1, 0, 0, 1, 0, 0],
+          "initial_correct": [0, 1, 0, 0, 0, 0], "initial_accuracy": 1 / 6}
+    a = read_run(_write_run(tmp_path / "a", eval_=ev))
+    g = eval_gains(a)
+    assert list(g.index) == ["trained - frozen base", "trained - untrained pool",
+                             "untrained pool - frozen base"]
+    assert g.loc["trained - frozen base", "mean"] == pytest.approx(0.5 - 1 / 3)
+    assert g.loc["trained - untrained pool", "mean"] == pytest.approx(0.5 - 1 / 6)
+    t = eval_table(a)
+    assert t.loc["frozen (single agent)", "accuracy"] == pytest.approx(1 / 3) and t.loc["removal", "n"] == 6
+    b = read_run(_write_run(tmp_path / "b", signal="wta", eval_={**ev, "correct": [0, 1, 1, 0, 0, 0]}))
+    assert compare_runs(a, b)["mean"] == pytest.approx(1 / 6)
+    c = read_run(_write_run(tmp_path / "c", signal="wta", eval_=ev, data_seed=1))
+    with pytest.raises(ValueError, match="data_seed"):
+        compare_runs(a, c)
+
+
+def test_read_comparison(tmp_path):
+    for sig in ("wta", "removal"):
+        for seed in (1, 0):
+            _write_run(tmp_path / sig / f"seed{seed}", signal=sig, seed=seed)
+    (tmp_path / "oracle" / "seed0").mkdir(parents=True)  # a run not started yet: skipped
+    runs = read_comparison(tmp_path)
+    assert [r.label for r in runs] == ["removal seed0", "removal seed1", "wta seed0", "wta seed1"]
+    assert len(learning_curve(runs)) == 16
+
+
+def test_slate_credit_corollary3(tmp_path):
+    rng = np.random.default_rng(1)
+    run = read_run(_write_run(tmp_path / "r", slates=_slates(rng)))
+    s = slate_credit(run)
+    assert len(s) == 3 * 8 * 3 and s["prompt"].max() == 1  # 2 prompts x m = 4 slates per update
+    # the logged credit is the run's signal's; the exact expectation over I ~ p of Eq. 19 is the oracle
+    np.testing.assert_allclose(s["logged"], s["removal"], atol=1e-12)
+    np.testing.assert_allclose(s["removal_expected"], s["oracle"], atol=1e-12)
+    assert (s["removal"] - s["oracle"]).abs().max() > 0.1  # one draw is noisy
+    # independent check of the expectation: average Eq. 19 over many draws of I for one slate
+    row = run.slates[0]
+    p, P, mu, R = (np.asarray(row[k], float)[0] for k in ("p", "P", "mu_hat", "R"))
+    draws = routing.sample_selection(np.broadcast_to(p, (200_000, 3)), rng)
+    est = credit("removal", draws, R[draws], np.broadcast_to(p, (200_000, 3)),
+                 np.broadcast_to(P, (200_000, 3, 3)), np.broadcast_to(mu, (200_000, 3))).mean(0)
+    exact = s[(s["update"] == 1) & (s["slate"] == 0)]["oracle"].to_numpy()
+    np.testing.assert_allclose(est, exact, atol=0.03)
+
+
+def test_recording_summary(tmp_path):
+    rows = [{"update": 1, "signal": "wta", "reward": 0.0, "oracle": 0.0, "truncated": 0.9,
+             "agent_accuracy": [0.0, 0.0, 0.0], "credit_mean": [0.0, 0.0, 0.0]},
+            {"update": 2, "signal": "wta", "reward": 0.5, "oracle": 0.5, "truncated": 0.7,
+             "agent_accuracy": [0.25, 0.0, 0.0], "credit_mean": [0.25, 0.0, 0.0]}]
+    s = recording_summary(read_run(_write_run(tmp_path / "w", signal="wta", rows=rows)))
+    assert s["no_correct"] == 5 and s["no_credit"] == 5 and s["agent_updates"] == 6
+    assert s["groups"] == 12 and s["groups_without_signal_min"] == 10 and s["rollouts_no_correct"] == 1
+    assert s["truncated_mean"] == pytest.approx(0.8) and s["max_deployed_fraction"] is None
+    r = recording_summary(read_run(_write_run(tmp_path / "r", signal="removal", rows=rows)))
+    assert r["no_credit"] is None and r["groups_without_signal_min"] is None
+
+
+def test_engine_run_directory(tmp_path):
+    """A tiny-random run: every file reads, and the logged credit is Eq. 19 with Corollary 3 holding."""
+    pytest.importorskip("peft")
+    from mcpg.grpo.train import train
+
+    cfg = {"base": "tiny-random", "updates": 2, "eval_problems": 4, "train_problems": 16,
+           "task": "arithmetic"}
+    train(cfg, "removal", tmp_path / "run")
+    run = read_run(tmp_path / "run")
+    assert run.initial_eval is not None and len(run.slates) == 2 and len(learning_curve(run)) == 2
+    s = slate_credit(run)
+    assert len(s) == 2 * run.slates_per_update * 3
+    np.testing.assert_allclose(s["logged"], s["removal"], atol=1e-9)
+    np.testing.assert_allclose(s["removal_expected"], s["oracle"], atol=1e-9)
+    assert {"zero_std_fraction", "truncated", "completion_tokens"} <= set(health(run)["metric"])
+    assert eval_gains(run).shape[0] == 3
