@@ -39,7 +39,8 @@ EVAL_KEYS: tuple[str, ...] = ("accuracy", "entropy", "brier", "specialization", 
 """The six held-out diagnostics of the paper's Table 1, in its order (§8, "Evaluation and results")."""
 
 SPECIALTIES: tuple[str, ...] = ("money", "time", "geometry")
-"""The keyword specialties of the paper's agents (§8, "Setup"), in the agents' order."""
+"""This book's keyword specialties of the three agents (the paper's §8 names no keywords),
+in the agents' order."""
 
 
 def t_quantile(level: float, df) -> np.ndarray:
