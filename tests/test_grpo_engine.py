@@ -348,12 +348,12 @@ def test_loading_draws_no_progress_bars(capfd):
     from mcpg.grpo.models import _quiet_loading
 
     gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
-    before = gguf.tqdm
+    before, enabled = gguf.tqdm, hf_logging.is_progress_bar_enabled()  # another test may have changed it
     with _quiet_loading():
         list(gguf.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
         assert not hf_logging.is_progress_bar_enabled()
     assert "de-quantizing" not in capfd.readouterr().err
-    assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled()
+    assert gguf.tqdm is before and hf_logging.is_progress_bar_enabled() == enabled
 
 
 def test_config_is_a_frozen_checked_dataclass_that_reads_like_a_dict():
