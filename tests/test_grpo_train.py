@@ -37,6 +37,12 @@ def _metrics(run: Path) -> list[dict]:
     return rows
 
 
+def _subprocess_env() -> dict:
+    """The environment of a training run in a fresh process: this checkout's source, one thread."""
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
+
+
 def _weights(run: Path) -> dict:
     out = {f"adapters/{p.name}": load_file(str(p)) for p in sorted((run / "adapters").iterdir())}
     out["router"] = load_file(str(run / "router.safetensors"))
@@ -115,12 +121,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert train("tiny-random", "removal", cut, stop_after=1, **kw) is None  # "crash" after update 1
     assert not (cut / "eval.json").exists() and len(_metrics(cut)) == 1
     # resume in a fresh process, as after a real interruption
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "MCPG_GSM8K_DIR": str(FIXTURE),
-    }
+    env = _subprocess_env()
     proc = subprocess.run(
         [
             sys.executable,
@@ -231,12 +232,7 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run = tmp_path / "ddp"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "MCPG_GSM8K_DIR": str(FIXTURE),
-    }
+    env = _subprocess_env()
     proc = subprocess.run(
         [
             sys.executable,

@@ -135,6 +135,19 @@ def credit(
     return routing.removal_contributions(R, p, _np(P, "P"))
 
 
+def _groups(scores, axis: int) -> tuple[torch.Tensor, bool]:
+    """``scores`` as a tensor (float64 from numpy) with at least 2 completions on ``axis``, checked."""
+    is_torch = isinstance(scores, torch.Tensor)
+    x = scores if is_torch else torch.as_tensor(_np(scores, "scores"), dtype=torch.float64)
+    if torch.isnan(x).any():
+        raise ValueError("scores contains NaN")
+    if x.ndim == 0:
+        raise ValueError("scores must have a group axis")
+    if x.shape[axis] < 2:
+        raise ValueError(f"scores needs at least 2 completions per group on axis {axis}, got {x.shape[axis]}")
+    return x, is_torch
+
+
 def group_standardize(scores, eps: float = ADVANTAGE_EPS, axis: int = -2):
     """GRPO's group-relative advantage, per agent: ``(x - mean) / (std + eps)`` over the group.
 
@@ -147,15 +160,7 @@ def group_standardize(scores, eps: float = ADVANTAGE_EPS, axis: int = -2):
     """
     if not eps >= 0:
         raise ValueError(f"eps must be non-negative, got {eps}")
-    is_torch = isinstance(scores, torch.Tensor)
-    x = scores if is_torch else torch.as_tensor(_np(scores, "scores"), dtype=torch.float64)
-    if torch.isnan(x).any():
-        raise ValueError("scores contains NaN")
-    if x.ndim == 0:
-        raise ValueError("scores must have a group axis")
-    m = x.shape[axis]
-    if m < 2:
-        raise ValueError(f"scores needs at least 2 completions per group on axis {axis}, got {m}")
+    x, is_torch = _groups(scores, axis)
     mean = x.mean(dim=axis, keepdim=True)
     std = x.std(dim=axis, keepdim=True, unbiased=True)
     out = (x - mean) / (std + eps)
@@ -177,14 +182,7 @@ def group_advantages(scores, scale_rewards: str = "group", eps: float = ADVANTAG
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     if scale_rewards == "group":
         return group_standardize(scores, eps=eps, axis=axis)
-    is_torch = isinstance(scores, torch.Tensor)
-    x = scores if is_torch else torch.as_tensor(_np(scores, "scores"), dtype=torch.float64)
-    if torch.isnan(x).any():
-        raise ValueError("scores contains NaN")
-    if x.ndim == 0:
-        raise ValueError("scores must have a group axis")
-    if x.shape[axis] < 2:
-        raise ValueError(f"scores needs at least 2 completions per group on axis {axis}, got {x.shape[axis]}")
+    x, is_torch = _groups(scores, axis)
     out = x - x.mean(dim=axis, keepdim=True)
     return out if is_torch else out.numpy()
 
