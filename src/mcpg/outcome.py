@@ -45,6 +45,7 @@ __all__ = [
     "draw_feedback",
     "dr_removal_moments",
     "wta_moments",
+    "cell_mean_predictions",
 ]
 
 _NOISES = ("bernoulli", "fixed")

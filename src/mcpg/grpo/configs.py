@@ -69,7 +69,7 @@ class GRPOConfig(Mapping):
     seed: int = 0
     """seeds sampling, routing draws, router init and LoRA init."""
     agents: list[dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENTS))
-    """K agents: name, role prompt, sampling temperature, specialty."""
+    """K agents — name, role prompt, sampling temperature, specialty."""
     lora_r: int = 8
     """LoRA rank of every adapter."""
     lora_alpha: int = 16
@@ -79,45 +79,45 @@ class GRPOConfig(Mapping):
     task: str = "gsm8k"
     """gsm8k | arithmetic (chapter 8's CPU-size task, generated in memory)."""
     data_dir: str | None = None
-    """local GSM8K folder; None: $MCPG_GSM8K_DIR, else the hub."""
+    """local GSM8K folder; None — $MCPG_GSM8K_DIR, else the hub."""
     data_seed: int = 0
     """draws the training and held-out subsets."""
     train_problems: int | None = 512
-    """training problems drawn from the training split; None: all of it."""
+    """training problems drawn from the training split; None — all of it."""
     eval_problems: int | None = 128
-    """held-out problems from the test split; None: all."""
+    """held-out problems from the test split; None — all."""
     updates: int = 150
     """actor updates; each uses a fresh on-policy rollout."""
     prompts_per_update: int = 8
     """problems per rollout."""
     completions_per_agent: int = 4
-    """m: completions per agent per prompt (the GRPO group)."""
+    """m — completions per agent per prompt (the GRPO group)."""
     max_new_tokens: int = 256
     """completion length limit in training rollouts."""
     eval_max_new_tokens: int = 256
     """completion length limit in evaluation (greedy)."""
     generation_batch_size: int = 0
-    """rows per generate call; 0: the whole rollout at once."""
+    """rows per generate call; 0 — the whole rollout at once."""
     train_micro_batch: int = 0
-    """rows per forward/backward in the update; 0: all at once."""
+    """rows per forward/backward in the update; 0 — all at once."""
     learning_rate: float = 5e-5
     """AdamW learning rate of the LoRA parameters."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float | None = 1.0
-    """gradient norm clipped per agent; 0 or None: no clipping."""
+    """gradient norm clipped per agent; 0 or None — no clipping."""
     clip_eps: float = 0.2
-    """TRL epsilon: the PPO clip range."""
+    """TRL epsilon — the PPO clip range."""
     clip_eps_high: float | None = None
-    """TRL epsilon_high (None: = clip_eps)."""
+    """TRL epsilon_high (None means clip_eps)."""
     loss_type: str = "dapo"
-    """TRL loss_type: dapo (TRL default) | bnpo | grpo | dr_grpo."""
+    """TRL loss_type — dapo (TRL default) | bnpo | grpo | dr_grpo."""
     num_iterations: int = 1
-    """TRL num_iterations (mu): optimizer steps per rollout."""
+    """TRL num_iterations (mu) — optimizer steps per rollout."""
     advantage_eps: float = 1e-4
     """added to the group standard deviation (TRL's default 1e-4)."""
     scale_rewards: str = "group"
-    """TRL scale_rewards: group (divide by the group's std) | none (centred only)."""
+    """TRL scale_rewards — group (divide by the group's std) | none (centred only)."""
     router_tau: float = 1.0
     """Eq. (3) temperature."""
     router_eps: float = 0.1
@@ -129,7 +129,7 @@ class GRPOConfig(Mapping):
     router_steps: int = 20
     """full-batch IPW cross-entropy steps after each actor update."""
     router_replay: int = 0
-    """the router learns from the slates of the last n updates (0: all so far)."""
+    """the router learns from the slates of the last n updates (0 — all so far)."""
     question_features: int = 128
     """hashed bag-of-words buckets for the question."""
     candidate_features: int = 256
@@ -139,19 +139,19 @@ class GRPOConfig(Mapping):
     eval_batch_size: int = 64
     """rows per generate call in evaluation (bounded memory on any split)."""
     instruction: str | None = None
-    """appended to each agent's role; None: mcpg.grpo.agents.INSTRUCTION."""
+    """appended to each agent's role; None — mcpg.grpo.agents.INSTRUCTION."""
     eval_every: int = 0
-    """evaluate every n updates during training (0: only at the end)."""
+    """evaluate every n updates during training (0 — only at the end)."""
     checkpoint_every: int = 1
     """write the resumable checkpoint every n updates."""
     progress: bool = True
     """tqdm bars on rollouts and updates."""
     threads: int = 0
-    """torch CPU threads the command line sets; 0: torch's default (one per core)."""
+    """torch CPU threads the command line sets; 0 — torch's default (one per core)."""
     gradient_checkpointing: bool = True
     """scoring keeps only each layer's input for backward (less memory)."""
     logprob_chunk: int = 512
-    """tokens per chunk of output head + log-softmax in scoring; 0: all at once."""
+    """tokens per chunk of output head + log-softmax in scoring; 0 — all at once."""
 
     def __post_init__(self):
         _check(self)

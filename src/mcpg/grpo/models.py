@@ -199,7 +199,7 @@ def load_base(spec: str, dtype: str | None = "float32", device: str = "cpu", see
 
     The tokenizer pads on the left (for batched generation) and has a pad token; ``source``
     says where the weights came from (``"tiny-random"``, a hub id, or a GGUF path).
-    Loading prints no progress bars (:func:`_quiet_loading`).
+    Loading prints no progress bars (``_quiet_loading``).
     """
     with _quiet_loading():
         return _load_base(spec, dtype, device, seed)

@@ -68,7 +68,7 @@ SCALE_REWARDS: tuple[str, ...] = ("group", "none")
 """Advantage scalings of :func:`group_advantages`, named as TRL's ``GRPOConfig.scale_rewards``."""
 
 ADVANTAGE_EPS: float = 1e-4
-"""Added to the group standard deviation before dividing: TRL's ``GRPOTrainer`` constant."""
+"""Added to the group standard deviation before dividing (TRL's ``GRPOTrainer`` constant)."""
 
 
 def _np(x, name: str) -> np.ndarray:

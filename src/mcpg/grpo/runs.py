@@ -81,7 +81,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        """A run's name in tables: ``signal``, or ``signal seed<k>`` for a run of a comparison
+        """A run's name in tables, ``signal``, or ``signal seed<k>`` for a run of a comparison
         (a directory named ``seed<k>``) or with a seed other than 0."""
         seed = self.config.get("seed", 0)
         in_comparison = self.path.name.startswith("seed")
@@ -89,7 +89,7 @@ class Run:
 
     @property
     def slates_per_update(self) -> int:
-        """Slates per rollout: prompts per update times m."""
+        """Slates per rollout (prompts per update times m)."""
         return int(self.config["prompts_per_update"] * self.config["completions_per_agent"])
 
 

@@ -62,10 +62,10 @@ policies.
 compute J_sys, the private utilities U_i and their gradients exactly (Theorem 1), and
 :func:`advantage_probe` measures by Monte Carlo which way each signal pushes an agent.
 
-The package has five modules: :mod:`~mcpg.grpo.simulated.pool` (configuration, questions,
-features, calibrated router), :mod:`~mcpg.grpo.simulated.loop` (training and evaluation),
-:mod:`~mcpg.grpo.simulated.experiment` (seeds, paired t-intervals, tables, curves),
-:mod:`~mcpg.grpo.simulated.exact` (Theorem 1 exactly) and :mod:`~mcpg.grpo.simulated.probes`;
+The package has five modules: ``pool`` (configuration, questions,
+features, calibrated router), ``loop`` (training and evaluation),
+``experiment`` (seeds, paired t-intervals, tables, curves),
+``exact`` (Theorem 1 exactly) and ``probes``;
 everything is re-exported here, so ``sim.X`` works for all of them.
 
 Seeds are a leading batch axis: :func:`train_pool` trains several independent pools at

@@ -134,7 +134,7 @@ def load_grid(path):
 
     Returns ``(meta, frame)``: ``meta`` holds the command, commit, date, machine, seeds and
     axes; ``frame`` is long, one row per (cell, scaling, method, seed), with the columns of
-    :data:`GRID_AXES`, ``scale_rewards``, ``method``, ``seed`` and every stored final metric.
+    ``GRID_AXES``, ``scale_rewards``, ``method``, ``seed`` and every stored final metric.
     The frozen pool does not depend on the actor's learning rate or the scaling: its rows have
     ``learning_rate`` NaN and ``scale_rewards`` ``"n/a"``.
     """
@@ -164,7 +164,7 @@ def load_grid(path):
 def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float = 0.95):
     """Paired (by seed) differences ``key(a) - key(b)`` in every (cell, scaling) of a grid frame.
 
-    Returns one row per cell and scaling with :data:`GRID_AXES`, ``scale_rewards``, ``mean``,
+    Returns one row per cell and scaling with ``GRID_AXES``, ``scale_rewards``, ``mean``,
     ``half_width`` (Student-t, :func:`mcpg.stats.paired_difference`), ``n``, ``low``, ``high``.
     """
     import pandas as pd

@@ -130,9 +130,9 @@ class SimRun:
     Attributes:
         cfg, method, seeds: what was run.
         updates: the updates at which the pool was evaluated, shape (n_ckpt,).
-        metrics: name -> array (n_seeds, n_ckpt), for :data:`EVAL_KEYS` and
-            :data:`SAMPLED_KEYS` (each agent sampling its answer at evaluation),
-            :data:`DIAGNOSTIC_KEYS`, ``zero_std`` (the share of (question, agent) groups of the
+        metrics: name -> array (n_seeds, n_ckpt), for ``EVAL_KEYS`` and
+            ``SAMPLED_KEYS`` (each agent sampling its answer at evaluation),
+            ``DIAGNOSTIC_KEYS``, ``zero_std`` (the share of (question, agent) groups of the
             rollout whose m credit scores had zero spread, so no gradient; NaN at the end),
             and ``train_reward`` (mean deployed reward of the
             rollout that followed each checkpoint; NaN at the end).
@@ -227,7 +227,7 @@ def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,)) -
 
     Args:
         cfg: the environment and the training hyperparameters.
-        method: ``"frozen"``, ``"wta"``, ``"removal"`` or ``"oracle"`` (:data:`METHODS`).
+        method: ``"frozen"``, ``"wta"``, ``"removal"`` or ``"oracle"`` (``METHODS``).
         seeds: seeds of the independent runs, trained together as a batch.
 
     Each update: a rollout of ``prompts_per_update`` questions with m slates; routing by the

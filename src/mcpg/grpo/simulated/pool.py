@@ -166,7 +166,7 @@ class SimConfig:
 
     @property
     def n_features(self) -> int:
-        """The number F of router features: (type, answer) and (type, agent) one-hots, check, bias."""
+        """The number F of router features, (type, answer) and (type, agent) one-hots, check, bias."""
         return self.n_types * self.n_answers + self.n_types * self.n_agents + 2
 
     def type_distribution(self) -> np.ndarray:
