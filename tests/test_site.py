@@ -101,6 +101,12 @@ def test_every_page_in_chromium(site, browser):
         broken = page.evaluate("[...document.images]"
                                ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
         problems += [f"{rel}: image did not load: {src}" for src in broken]
+        # every chapter draws: its executed cells must have put figures on the page (a kernel
+        # on a non-inline matplotlib backend, e.g. MPLBACKEND=Agg, silently draws none)
+        if re.match(r"\d\d_", path.name):
+            n_fig = page.evaluate("document.querySelectorAll('.cell_output img').length")
+            if not n_fig:
+                problems.append(f"{rel}: no figure in the executed cells' output")
         # internal links: the target file exists and so does the anchor
         hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
         for href in hrefs:
