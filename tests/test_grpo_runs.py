@@ -12,12 +12,14 @@ from mcpg.grpo.runs import (
     compare_runs,
     eval_gains,
     eval_table,
+    group_signal,
     health,
     learning_curve,
     paired_difference,
     read_comparison,
     read_run,
     recording_summary,
+    signals_over_seeds,
     slate_credit,
     t_interval,
 )
@@ -133,6 +135,31 @@ def test_read_comparison(tmp_path):
     assert len(learning_curve(runs)) == 16
 
 
+def test_signals_over_seeds(tmp_path):
+    rng = np.random.default_rng(3)
+    base = rng.binomial(1, 0.2, 40).tolist()
+    runs, diffs = [], []
+    for seed in range(3):
+        got = {sig: rng.binomial(1, q, 40).tolist() for sig, q in (("removal", 0.4), ("wta", 0.3))}
+        diffs.append(np.mean(got["removal"]) - np.mean(got["wta"]))
+        for sig, c in got.items():
+            ev = {"accuracy": float(np.mean(c)), "n": 40, "correct": c, "base_correct": base}
+            runs.append(read_run(_write_run(tmp_path / sig / f"seed{seed}", signal=sig, eval_=ev, seed=seed)))
+    t = signals_over_seeds(runs)
+    assert list(t.index) == ["seed 0", "seed 1", "seed 2", "over seeds"]
+    np.testing.assert_allclose(t["difference"][:3], diffs)
+    over = t_interval(diffs)
+    assert t.loc["over seeds", "difference"] == pytest.approx(np.mean(diffs))
+    assert (t.loc["over seeds", "low"], t.loc["over seeds", "high"]) == pytest.approx((over["low"], over["high"]))
+    assert t.loc["over seeds", "n"] == 3 and t.loc["seed 1", "n"] == 40
+    assert t.loc["seed 2", "gain_wta"] == pytest.approx(t.loc["seed 2", "wta"] - np.mean(base))
+    # one seed: no interval over seeds; a signal without a partner seed is refused
+    one = signals_over_seeds(runs[:2])
+    assert np.isnan(one.loc["over seeds", "low"]) and one.loc["over seeds", "n"] == 1
+    with pytest.raises(ValueError, match="no seed"):
+        signals_over_seeds(runs, a="oracle")
+
+
 def test_slate_credit_corollary3(tmp_path):
     rng = np.random.default_rng(1)
     run = read_run(_write_run(tmp_path / "r", slates=_slates(rng)))
@@ -150,6 +177,36 @@ def test_slate_credit_corollary3(tmp_path):
                  np.broadcast_to(P, (200_000, 3, 3)), np.broadcast_to(mu, (200_000, 3))).mean(0)
     exact = s[(s["update"] == 1) & (s["slate"] == 0)]["oracle"].to_numpy()
     np.testing.assert_allclose(est, exact, atol=0.03)
+
+
+def test_group_signal(tmp_path):
+    rng = np.random.default_rng(2)
+    slates = _slates(rng, n_updates=2)
+    slates[0]["R"] = np.zeros((8, 3)).tolist()  # update 1: no candidate right anywhere
+    run = read_run(_write_run(tmp_path / "r", slates=slates))
+    gs = group_signal(run)
+    assert len(gs) == 2 * 2 * 3 and list(gs["agent"][:3]) == run.agents  # 2 updates x 2 prompts x K
+    assert not gs[gs["update"] == 1]["any_correct"].any()
+    # recomputed by hand: agent 1 of prompt 1 (slates 4-7) of update 2, group-standardised (TRL's eps)
+    S = np.asarray(slates[1]["score"])[4:8, 1]
+    row = gs[(gs["update"] == 2) & (gs["prompt"] == 1)].iloc[1]
+    assert row["score_std"] == pytest.approx(S.std(ddof=1))
+    assert row["mean_abs_advantage"] == pytest.approx(np.abs((S - S.mean()) / (S.std(ddof=1) + 1e-4)).mean())
+    own = np.asarray(slates[1]["R"])[4:8, 1].max() > 0
+    assert row["own_correct"] == own
+    # centred advantages (scale_rewards "none") shrink with the credits; group scaling divides the
+    # shrink out again, up to eps: |A| = c mean|S - mean S| / (c std S + eps) for credits c S
+    small = [{**s, "score": (np.asarray(s["score"]) * 0.1).tolist()} for s in slates]
+    gs_none = group_signal(read_run(_write_run(tmp_path / "n", slates=small, scale_rewards="none")))
+    gs_none_full = group_signal(read_run(_write_run(tmp_path / "nf", slates=slates, scale_rewards="none")))
+    np.testing.assert_allclose(gs_none["mean_abs_advantage"], 0.1 * gs_none_full["mean_abs_advantage"])
+    gs_small = group_signal(read_run(_write_run(tmp_path / "s", slates=small)))
+    np.testing.assert_allclose(gs_small["mean_abs_advantage"],
+                               gs_none["mean_abs_advantage"] / (0.1 * gs["score_std"] + 1e-4))
+    S = S * 0.1
+    assert gs_none.loc[row.name, "mean_abs_advantage"] == pytest.approx(np.abs(S - S.mean()).mean())
+    with pytest.raises(ValueError, match="whole groups"):
+        group_signal(read_run(_write_run(tmp_path / "bad", slates=slates, completions_per_agent=3)))
 
 
 def test_recording_summary(tmp_path):

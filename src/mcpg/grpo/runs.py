@@ -12,11 +12,16 @@ functions below turn runs into the frames chapter 8 draws and tests:
 - :func:`paired_difference`, :func:`eval_gains`, :func:`compare_runs`: paired per-problem
   differences of held-out correctness (final pool vs frozen base model, final vs untrained
   pool, one run vs another on the same problems) with t-intervals (:func:`t_interval`);
+- :func:`signals_over_seeds`: two signals seed by seed (paired per-problem differences) and over
+  seeds (a t-interval of the per-seed differences: the seeds, not the problems, are the sample);
 - :func:`slate_credit`: on the logged slates, where every candidate's reward is known, the
   removal estimate of Eq. (19) from the deployed reward only, its exact expectation over the
   router's draw, and the exact removal contribution (the ``oracle`` signal); Corollary 3 says
   the last two are equal for any fixed outcome model (proof: the paper's Appendix B.11).
   The credits come from :func:`mcpg.grpo.objective.credit`, not a re-implementation;
+- :func:`group_signal`: per GRPO group (one prompt's m slates, one agent), whether any candidate
+  was right and how large the advantages the run trained on were: under group scaling a
+  group whose credits differ only by estimator noise moves as far as one with signal;
 - :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
   (truncation, agent-updates without a correct candidate, credit-free agent-updates,
   rollouts with no correct candidate at all, routing collapse at evaluation).
@@ -35,10 +40,10 @@ import numpy as np
 import pandas as pd
 
 from ..stats import mean_ci
-from .objective import credit
+from .objective import ADVANTAGE_EPS, credit, group_advantages
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
-           "health", "eval_table", "eval_gains", "compare_runs", "slate_credit", "recording_summary",
+           "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit", "group_signal", "recording_summary",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -257,6 +262,33 @@ def compare_runs(a: Run, b: Run, level: float = 0.95) -> dict:
     return paired_difference(a.eval["correct"], b.eval["correct"], level)
 
 
+def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta", level: float = 0.95) -> pd.DataFrame:
+    """Signal ``a`` against signal ``b``: held-out accuracy seed by seed, and over seeds.
+
+    One row ``seed k`` per seed that both signals finished: their accuracies and the paired
+    per-problem difference ``a - b`` with its t-interval (:func:`compare_runs`), plus each
+    run's paired gain over the frozen model (``gain_a``, ``gain_b``). A last row ``over seeds``
+    holds the means over seeds and, as ``low``/``high``, the t-interval of the per-seed
+    differences, whose ``n`` is the number of seeds (NaN with one seed): a training seed
+    changes the whole trajectory, so seeds, not problems, are the independent replicates.
+    """
+    by = {(r.signal, r.config.get("seed", 0)): r for r in runs if r.eval is not None}
+    seeds = sorted(s for (sig, s) in by if sig == a and (b, s) in by)
+    if not seeds:
+        raise ValueError(f"no seed with finished runs of both {a!r} and {b!r}")
+    rows = {}
+    for s in seeds:
+        d = compare_runs(by[a, s], by[b, s], level)
+        rows[f"seed {s}"] = {a: d["mean_a"], b: d["mean_b"], "difference": d["mean"], "low": d["low"],
+                             "high": d["high"], "n": d["n"],
+                             f"gain_{a}": eval_gains(by[a, s]).loc["trained - frozen base", "mean"],
+                             f"gain_{b}": eval_gains(by[b, s]).loc["trained - frozen base", "mean"]}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    over = t_interval(table["difference"], level)
+    rows["over seeds"] = {**table.mean().to_dict(), "low": over["low"], "high": over["high"], "n": len(seeds)}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def slate_credit(run: Run) -> pd.DataFrame:
     """Eq. (19) against the exact removal contribution on a run's logged slates.
 
@@ -292,6 +324,43 @@ def slate_credit(run: Run) -> pd.DataFrame:
             "deployed": (sel[:, None] == np.arange(K)).ravel(), "G": np.repeat(G, K),
             "removal": removal.ravel(), "removal_expected": expected.ravel(), "oracle": oracle.ravel(),
             "logged": np.asarray(row["score"], float).ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def group_signal(run: Run) -> pd.DataFrame:
+    """Per GRPO group of a run's logged slates: is there a reward to learn from, and how far did it move?
+
+    A group is one agent's ``m`` completions of one prompt (``m`` consecutive logged slates).
+    One row per (update, prompt, agent) with:
+
+    - ``any_correct``: some candidate on the group's slates is right (any agent's ``R = 1``);
+      without one, every credit in the group is the outcome model's term alone;
+    - ``own_correct``: some of this agent's own candidates is right;
+    - ``score_std``: the unbiased spread of the agent's ``m`` logged credits;
+    - ``mean_abs_advantage``: the mean ``|A|`` the run trained on, the logged credits through
+      :func:`mcpg.grpo.objective.group_advantages` with the run's ``scale_rewards`` and
+      ``advantage_eps``. With ``"group"`` scaling it is of order one for any group whose spread
+      is well above ``advantage_eps``, however small that spread is: Eq. (19)'s noise in a
+      group with no right candidate is standardised to steps as large as a real signal's.
+    """
+    if not run.slates:
+        raise ValueError(f"{run.path} holds no slates.jsonl")
+    m = int(run.config["completions_per_agent"])
+    scale = run.config.get("scale_rewards", "group")
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    frames = []
+    for row in run.slates:
+        R, S = np.asarray(row["R"], float), np.asarray(row["score"], float)
+        n, K = R.shape
+        if n % m:
+            raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
+        R, S = R.reshape(n // m, m, K), S.reshape(n // m, m, K)
+        A = group_advantages(S, scale_rewards=scale, eps=eps, axis=-2)
+        frames.append(pd.DataFrame({
+            "update": row["update"], "prompt": np.repeat(np.arange(n // m), K),
+            "agent": np.tile(run.agents, n // m),
+            "any_correct": np.repeat(R.max(axis=(1, 2)) > 0, K), "own_correct": (R.max(axis=1) > 0).ravel(),
+            "score_std": S.std(axis=1, ddof=1).ravel(), "mean_abs_advantage": np.abs(A).mean(axis=1).ravel()}))
     return pd.concat(frames, ignore_index=True)
 
 
