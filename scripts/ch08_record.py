@@ -10,8 +10,9 @@ machine, the date, the seed, wall time and CPU time.
 
     python scripts/ch08_record.py control                 # data/results/ch08/control
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
+    python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
 
-The configs are ``data/configs/ch08-control.json`` and ``data/configs/ch08-compare.json``.
+The configs are ``data/configs/ch08-<what>.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ JOBS = {
         ("wta", 2, "compare/wta/seed2"),
         ("removal", 2, "compare/removal/seed2"),
     ],
+    # a diagnosis, not part of the comparison: removal with centred advantages (scale_rewards
+    # "none"), which keeps Eq. (19)'s estimator noise at its own scale instead of dividing a
+    # group of near-equal credits by their tiny spread
+    "compare-unscaled": [("removal", 0, "compare-unscaled/removal/seed0")],
 }
 
 
