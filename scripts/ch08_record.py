@@ -153,9 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=sorted(JOBS))
     ap.add_argument("--runs", default=str(ROOT / "runs" / "ch08"), help="where the run directories live")
     ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
+    ap.add_argument("--only", nargs="+", metavar="RUN",
+                    help="record only these jobs, named by their folder (e.g. compare/removal/seed2)")
     a = ap.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending = [j for j in JOBS[a.what] if not (RESULTS / j[2] / "eval.json").exists()]
+    known = [j[2] for j in JOBS[a.what]]
+    unknown = sorted(set(a.only or ()) - set(known))
+    if unknown:
+        ap.error(f"no job {unknown} in {a.what!r}; its jobs are {known}")
+    pending = [j for j in JOBS[a.what]
+               if not (RESULTS / j[2] / "eval.json").exists() and (not a.only or j[2] in a.only)]
     running: list[tuple] = []
     while pending or running:
         while pending and len(running) < a.parallel:
