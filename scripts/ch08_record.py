@@ -10,8 +10,9 @@ machine, the date, the seed, wall time and CPU time.
 
     python scripts/ch08_record.py control                 # data/results/ch08/control
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
+    python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
 
-The configs are ``data/configs/ch08-control.json`` and ``data/configs/ch08-compare.json``.
+The configs are ``data/configs/ch08-<what>.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ JOBS = {
         ("wta", 2, "compare/wta/seed2"),
         ("removal", 2, "compare/removal/seed2"),
     ],
+    # a diagnosis, not part of the comparison: removal with centred advantages (scale_rewards
+    # "none"), which keeps Eq. (19)'s estimator noise at its own scale instead of dividing a
+    # group of near-equal credits by their tiny spread
+    "compare-unscaled": [("removal", 0, "compare-unscaled/removal/seed0")],
 }
 
 
@@ -148,9 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=sorted(JOBS))
     ap.add_argument("--runs", default=str(ROOT / "runs" / "ch08"), help="where the run directories live")
     ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
+    ap.add_argument("--only", nargs="+", metavar="RUN",
+                    help="record only these jobs, named by their folder (e.g. compare/removal/seed2)")
     a = ap.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending = [j for j in JOBS[a.what] if not (RESULTS / j[2] / "eval.json").exists()]
+    known = [j[2] for j in JOBS[a.what]]
+    unknown = sorted(set(a.only or ()) - set(known))
+    if unknown:
+        ap.error(f"no job {unknown} in {a.what!r}; its jobs are {known}")
+    pending = [j for j in JOBS[a.what]
+               if not (RESULTS / j[2] / "eval.json").exists() and (not a.only or j[2] in a.only)]
     running: list[tuple] = []
     while pending or running:
         while pending and len(running) < a.parallel:
