@@ -310,12 +310,10 @@ class AgentPool:
         # Shared prefill: the m completions of one (prompt, agent) pair start from the same
         # prompt, so its KV cache is computed once (mixed adapters, all but the last prompt
         # token) and copied to the m rows; generate() then runs only the decoding steps.
-        keys = list(zip(prompts, adapters))
-        uniq = list(dict.fromkeys(keys))
+        uniq, row_map, _ = _groups(list(zip(prompts, adapters)), dev)
         enc = tok([p for p, _ in uniq], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
-        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
         input_ids, attention = enc.input_ids[row_map], enc.attention_mask[row_map]
-        if self.share_prefill and len(uniq) < len(keys) and enc.input_ids.shape[1] >= 2:
+        if self.share_prefill and len(uniq) < len(prompts) and enc.input_ids.shape[1] >= 2:
             position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
             ctx, extra = self._mixed([a for _, a in uniq])
             with torch.no_grad(), ctx:
@@ -405,11 +403,11 @@ class AgentPool:
         N, T = completion_ids.shape
         temps = batch.temperatures.to(dev)
         parts = self._head_parts() if self.logprob_chunk and self.multilora is not None else None
-        keys = [(tuple(batch.prompt_ids[r].tolist()), a) for r, a in enumerate(batch.adapters)]
-        uniq = list(dict.fromkeys(keys))
-        if parts is not None and self.share_prefill and len(uniq) < len(keys):
-            hidden = self._shared_prompt_hidden(parts[0], batch, keys, uniq, input_ids, attention,
-                                                position_ids)
+        keys = [(tuple(p), a) for p, a in zip(batch.prompt_ids.tolist(), batch.adapters)]
+        uniq, row_map, first = _groups(keys, dev)
+        if parts is not None and self.share_prefill and len(uniq) < N:
+            hidden = self._shared_prompt_hidden(parts[0], batch, [a for _, a in uniq], row_map, first,
+                                                input_ids, attention, position_ids)
             head = parts[1]
         else:
             ctx, extra = self._mixed(batch.adapters)
@@ -444,7 +442,8 @@ class AgentPool:
                 out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
         return torch.cat(out).reshape(N, T)
 
-    def _shared_prompt_hidden(self, decoder, batch, keys, uniq, input_ids, attention, position_ids):
+    def _shared_prompt_hidden(self, decoder, batch, pair_adapters, row_map, first, input_ids, attention,
+                              position_ids):
         """Hidden states (N, T, d) that predict each row's completion tokens, with each (prompt,
         agent) pair's prompt run once.
 
@@ -455,14 +454,11 @@ class AgentPool:
         recomputed layer would append to the KV cache again); the prompt's activations are
         already m times fewer.
         """
-        dev = self.device
         P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
-        rep = torch.tensor([keys.index(k) for k in uniq], device=dev)
-        ctx, extra = self._mixed([a for _, a in uniq])
+        ctx, extra = self._mixed(pair_adapters)
         with ctx:
-            out = decoder(input_ids=input_ids[rep, :P], attention_mask=attention[rep, :P],
-                          position_ids=position_ids[rep, :P], use_cache=True, **extra)
+            out = decoder(input_ids=input_ids[first, :P], attention_mask=attention[first, :P],
+                          position_ids=position_ids[first, :P], use_cache=True, **extra)
         hidden = [out.last_hidden_state[:, -1:][row_map]]  # predicts each row's first completion token
         if T > 1:
             name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
@@ -514,6 +510,20 @@ class AgentPool:
             if not path.is_file():
                 raise ValueError(f"folder {folder!s} has no adapter file {path.name}")
             self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
+
+
+def _groups(keys: list, device) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Rows grouped by key (prompt and adapter): ``(uniq, row_map, first)`` with ``uniq`` the
+    distinct keys in order of first appearance, ``row_map[r]`` the index in ``uniq`` of row r's
+    key and ``first[u]`` the first row whose key is ``uniq[u]`` (so ``row_map[first]`` is
+    ``0, 1, ...``). Rows of one group share a prompt's KV cache."""
+    index: dict = {}
+    row_map = [index.setdefault(k, len(index)) for k in keys]
+    first = {}
+    for r, u in enumerate(row_map):
+        first.setdefault(u, r)
+    return (list(index), torch.tensor(row_map, dtype=torch.long, device=device),
+            torch.tensor(list(first.values()), dtype=torch.long, device=device))
 
 
 def _head_logprobs(hidden, tokens, temps, head):
