@@ -3,6 +3,7 @@ a JSON whose numbers hang together."""
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     # the batched multi-LoRA step is near a plain step; peft's split is far above both
     assert ops["plain_generate"] > 0 and ops["ratio_multilora"] <= 1.5 < ops["ratio_peft_split"]
     r = res["rollout"]
+    assert len(r["ratios"]) == res["repeats"] and r["ratio"] == statistics.median(r["ratios"])
     for arm in ("engine", "plain_generate"):
         assert r[arm]["wall_s"] > 0 and r[arm]["peak_bytes"] > 0
         assert r[arm]["tokens_per_s"] == pytest.approx(res["rows"] * res["tokens"] / r[arm]["wall_s"])
@@ -35,3 +37,4 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     # the paper's model is bigger than colab's: a larger projected update, on this device
     cfgs = res["projection"]["configs"]
     assert cfgs["paper"]["this_device"]["update_s"] > cfgs["colab"]["this_device"]["update_s"]
+
