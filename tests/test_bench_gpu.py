@@ -3,6 +3,7 @@ a JSON whose numbers hang together."""
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     # the batched multi-LoRA step is near a plain step; peft's split is far above both
     assert ops["plain_generate"] > 0 and ops["ratio_multilora"] <= 1.5 < ops["ratio_peft_split"]
     r = res["rollout"]
+    assert len(r["ratios"]) == res["repeats"] and r["ratio"] == statistics.median(r["ratios"])
     for arm in ("engine", "plain_generate"):
         assert r[arm]["wall_s"] > 0 and r[arm]["peak_bytes"] > 0
         assert r[arm]["tokens_per_s"] == pytest.approx(res["rows"] * res["tokens"] / r[arm]["wall_s"])
@@ -35,3 +37,23 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     # the paper's model is bigger than colab's: a larger projected update, on this device
     cfgs = res["projection"]["configs"]
     assert cfgs["paper"]["this_device"]["update_s"] > cfgs["colab"]["this_device"]["update_s"]
+
+
+def test_bench_memory_tiny_random(monkeypatch):
+    """benchmarks/bench_memory.py on the tiny random model: every phase of a run gets a peak,
+    and none exceeds the process's VmHWM (what /usr/bin/time -v reports)."""
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "benchmarks" / "bench_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8",
+                      "--set", "eval_max_new_tokens=4", "--set", "train_micro_batch=4"])
+    peaks = res["phases_peak_rss_bytes"]
+    for phase in ("load", "evaluate/generate", "update/generate", "update/score", "update/backward"):
+        assert peaks.get(phase, 0) > 0, phase
+    # VmHWM is the kernel's high-water mark of the RSS, updated lazily (per-thread counters are
+    # folded in from time to time), so a sample may pass it by a few pages
+    assert max(peaks.values()) <= 1.01 * res["vm_hwm_bytes"]
+    import torch
+
+    assert torch.Tensor.backward.__name__ == "backward" and not hasattr(torch.Tensor.backward, "__wrapped__")

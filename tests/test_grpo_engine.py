@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mcpg import routing
-from mcpg.grpo.agents import AgentPool, AgentSpec, RowTemperature
+from mcpg.grpo.agents import AgentPool, AgentSpec, RowTemperature, _groups
 from mcpg.grpo.configs import CONFIGS, DEFAULTS, resolve_config
 from mcpg.grpo.models import byte_tokenizer, load_base, smollm2_gguf_path
 from mcpg.grpo.router import CandidateFeatures, Router
@@ -304,6 +304,15 @@ def test_base_rows_in_a_mixed_batch_are_the_frozen_base_model(pool):
         )
     base_text = pool.tokenizer.decode(out[0, enc.input_ids.shape[1] :], skip_special_tokens=True)
     assert mixed.texts[0] == base_text
+
+
+def test_rows_are_grouped_by_prompt_and_adapter():
+    """The rows of one (prompt, adapter) pair form one group (they share a prompt's KV cache)."""
+    keys = [("p", "a"), ("q", "a"), ("p", "a"), ("p", "b"), ("q", "a"), ("p", "b")]
+    uniq, row_map, first = _groups(keys, "cpu")
+    assert uniq == [("p", "a"), ("q", "a"), ("p", "b")]
+    assert [uniq[u] for u in row_map.tolist()] == keys
+    assert first.tolist() == [0, 1, 3] and row_map[first].tolist() == [0, 1, 2]
 
 
 def test_shared_prompt_scoring_equals_full_forward():

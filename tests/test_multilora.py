@@ -124,15 +124,18 @@ def test_scoring_logprobs_equal_the_generators_own(pool):
     torch.testing.assert_close(lp[m], lp_peft[m], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("chunk,ckpt", [(7, True), (0, False), (1000, False)])
-def test_chunks_and_checkpointing_change_neither_logprobs_nor_gradients(pool, chunk, ckpt):
+@pytest.mark.parametrize("chunk,ckpt,share", [(7, True, True), (7, True, False), (0, False, True),
+                                              (1000, False, True)])
+def test_chunks_and_checkpointing_change_neither_logprobs_nor_gradients(pool, chunk, ckpt, share):
+    """Against one unchunked pass without checkpointing: chunked head, checkpointed layers, with
+    the prompt shared by the 2 rows of each (prompt, agent) pair (its KV cache indexed out) or not."""
     prompts = [pool.prompt("What is 2+3?", a) for a in AGENTS] * 2
     adapters = [a.name for a in AGENTS] * 2
     torch.manual_seed(1)
     roll = pool.generate(prompts, adapters, [1.0] * 6, max_new_tokens=8)
 
-    def run(c, k):
-        pool.logprob_chunk, pool.gradient_checkpointing = c, k
+    def run(c, k, shared=True):
+        pool.logprob_chunk, pool.gradient_checkpointing, pool.share_prefill = c, k, shared
         pool.model.zero_grad(set_to_none=True)
         lp = pool.token_logprobs(roll)
         (lp * roll.completion_mask).sum().backward()
@@ -140,20 +143,24 @@ def test_chunks_and_checkpointing_change_neither_logprobs_nor_gradients(pool, ch
 
     try:
         ref_lp, ref_g = run(512, False)
-        lp, g = run(chunk, ckpt)
+        lp, g = run(chunk, ckpt, share)
     finally:
-        pool.logprob_chunk, pool.gradient_checkpointing = 512, True
+        pool.logprob_chunk, pool.gradient_checkpointing, pool.share_prefill = 512, True, True
         pool.model.zero_grad(set_to_none=True)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
     for n in ref_g:
         torch.testing.assert_close(g[n], ref_g[n], rtol=1e-4, atol=1e-6)
 
 
-def test_checkpointing_keeps_fewer_tensors_for_backward():
-    """With gradient checkpointing the autograd graph saves fewer bytes (the layers' inputs only)."""
+@pytest.mark.parametrize("m", [1, 3])
+def test_checkpointing_keeps_fewer_tensors_for_backward(m):
+    """With gradient checkpointing the autograd graph saves fewer bytes (the layers' inputs only):
+    with one row per prompt (one pass over prompt + completion) and with m rows per (prompt,
+    agent) pair (shared-prompt scoring, whose layers also extend a KV cache)."""
     pool = _pool()
-    prompts = [pool.prompt("What is 2+3?", a) for a in AGENTS]
-    roll = pool.generate(prompts, [a.name for a in AGENTS], [1.0] * 3, max_new_tokens=8, greedy=True)
+    prompts = [pool.prompt("What is 2+3?", a) for a in AGENTS for _ in range(m)]
+    adapters = [a.name for a in AGENTS for _ in range(m)]
+    roll = pool.generate(prompts, adapters, [1.0] * 3 * m, max_new_tokens=8, greedy=True)
 
     def saved_bytes(ckpt):
         pool.gradient_checkpointing = ckpt

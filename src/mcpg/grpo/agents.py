@@ -41,6 +41,7 @@ every agent).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -310,12 +311,10 @@ class AgentPool:
         # Shared prefill: the m completions of one (prompt, agent) pair start from the same
         # prompt, so its KV cache is computed once (mixed adapters, all but the last prompt
         # token) and copied to the m rows; generate() then runs only the decoding steps.
-        keys = list(zip(prompts, adapters))
-        uniq = list(dict.fromkeys(keys))
+        uniq, row_map, _ = _groups(list(zip(prompts, adapters)), dev)
         enc = tok([p for p, _ in uniq], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
-        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
         input_ids, attention = enc.input_ids[row_map], enc.attention_mask[row_map]
-        if self.share_prefill and len(uniq) < len(keys) and enc.input_ids.shape[1] >= 2:
+        if self.share_prefill and len(uniq) < len(prompts) and enc.input_ids.shape[1] >= 2:
             position_ids = (enc.attention_mask.cumsum(-1) - 1).clamp(min=0)
             ctx, extra = self._mixed([a for _, a in uniq])
             with torch.no_grad(), ctx:
@@ -349,24 +348,43 @@ class AgentPool:
         """Wrap each decoder layer's forward so that, inside differentiable scoring only, it runs
         under non-reentrant ``torch.utils.checkpoint`` (the model stays in eval mode, where
         transformers' own gradient checkpointing would not engage). The recomputation in the
-        backward pass sees the same mixed-adapter rows as the forward pass. Only with
-        :class:`MultiLoRA`: peft's ``adapter_names`` hooks live only during the forward call,
-        so a recomputation through peft's path would use the wrong adapters."""
+        backward pass sees the same mixed-adapter rows as the forward pass, and, when the layer
+        reads and extends a KV cache (shared-prompt scoring), the cache as the forward pass found
+        it: the layer's cache entry is put back to its state before the forward pass for the
+        recomputation (else the recomputed layer would append its keys a second time), then
+        restored. Only with :class:`MultiLoRA`: peft's ``adapter_names`` hooks live only during
+        the forward call, so a recomputation through peft's path would use the wrong adapters."""
         from torch.utils.checkpoint import checkpoint
         from transformers.modeling_layers import GradientCheckpointingLayer
 
         pool = self
 
-        def context_fn():
-            state = None if pool.multilora is None else pool.multilora.snapshot()
-            again = contextlib.nullcontext() if pool.multilora is None else pool.multilora.restored(state)
-            return contextlib.nullcontext(), again
+        def context_fn(cache):
+            rows = pool.multilora.snapshot()
+            before = None if cache is None else _cache_state(cache)
+
+            @contextlib.contextmanager
+            def again():
+                after = None if cache is None else _cache_state(cache)
+                with pool.multilora.restored(rows):
+                    if cache is not None:
+                        _set_cache_state(cache, before)
+                    try:
+                        yield
+                    finally:
+                        if cache is not None:
+                            _set_cache_state(cache, after)
+
+            return contextlib.nullcontext(), again()
 
         def wrap(inner):
             def forward(*args, **kwargs):
                 if (pool._checkpointing and pool.gradient_checkpointing and pool.multilora is not None
                         and torch.is_grad_enabled()):
-                    return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+                    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+                    if cache is None or isinstance(getattr(cache, "layers", None), list):
+                        return checkpoint(inner, *args, use_reentrant=False,
+                                          context_fn=functools.partial(context_fn, cache), **kwargs)
                 return inner(*args, **kwargs)
             return forward
 
@@ -405,11 +423,11 @@ class AgentPool:
         N, T = completion_ids.shape
         temps = batch.temperatures.to(dev)
         parts = self._head_parts() if self.logprob_chunk and self.multilora is not None else None
-        keys = [(tuple(batch.prompt_ids[r].tolist()), a) for r, a in enumerate(batch.adapters)]
-        uniq = list(dict.fromkeys(keys))
-        if parts is not None and self.share_prefill and len(uniq) < len(keys):
-            hidden = self._shared_prompt_hidden(parts[0], batch, keys, uniq, input_ids, attention,
-                                                position_ids)
+        keys = [(tuple(p), a) for p, a in zip(batch.prompt_ids.tolist(), batch.adapters)]
+        uniq, row_map, first = _groups(keys, dev)
+        if parts is not None and self.share_prefill and len(uniq) < N:
+            hidden = self._shared_prompt_hidden(parts[0], batch, [a for _, a in uniq], row_map, first,
+                                                input_ids, attention, position_ids)
             head = parts[1]
         else:
             ctx, extra = self._mixed(batch.adapters)
@@ -444,35 +462,38 @@ class AgentPool:
                 out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
         return torch.cat(out).reshape(N, T)
 
-    def _shared_prompt_hidden(self, decoder, batch, keys, uniq, input_ids, attention, position_ids):
+    def _shared_prompt_hidden(self, decoder, batch, pair_adapters, row_map, first, input_ids, attention,
+                              position_ids):
         """Hidden states (N, T, d) that predict each row's completion tokens, with each (prompt,
         agent) pair's prompt run once.
 
         The m completions of one pair share their prompt, so it is run once, with gradients, and
         its KV cache is indexed out to the m rows (autograd sums the rows' gradients through the
         indexing): the same log-probs and gradients as one pass over every row's prompt +
-        completion, at 1/m of the prompt's cost. Decoder layers are not checkpointed here (a
-        recomputed layer would append to the KV cache again); the prompt's activations are
-        already m times fewer.
+        completion, at 1/m of the prompt's cost. With ``gradient_checkpointing`` both passes
+        keep only each decoder layer's input (and the KV cache, which the forward pass holds
+        anyway) for the backward pass.
         """
-        dev = self.device
         P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-        row_map = torch.tensor([{k: i for i, k in enumerate(uniq)}[k] for k in keys], device=dev)
-        rep = torch.tensor([keys.index(k) for k in uniq], device=dev)
-        ctx, extra = self._mixed([a for _, a in uniq])
-        with ctx:
-            out = decoder(input_ids=input_ids[rep, :P], attention_mask=attention[rep, :P],
-                          position_ids=position_ids[rep, :P], use_cache=True, **extra)
-        hidden = [out.last_hidden_state[:, -1:][row_map]]  # predicts each row's first completion token
-        if T > 1:
-            name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
-            cache = out[name]
-            cache.batch_select_indices(row_map)
-            ctx, extra = self._mixed(batch.adapters)
+        self._checkpointing = True
+        try:
+            ctx, extra = self._mixed(pair_adapters)
             with ctx:
-                rest = decoder(input_ids=input_ids[:, P:-1], attention_mask=attention[:, :-1],
-                               position_ids=position_ids[:, P:-1], use_cache=True, **{name: cache}, **extra)
-            hidden.append(rest.last_hidden_state)
+                out = decoder(input_ids=input_ids[first, :P], attention_mask=attention[first, :P],
+                              position_ids=position_ids[first, :P], use_cache=True, **extra)
+            hidden = [out.last_hidden_state[:, -1:][row_map]]  # predicts each row's first completion token
+            if T > 1:
+                name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2 renamed it
+                cache = out[name]
+                cache.batch_select_indices(row_map)
+                ctx, extra = self._mixed(batch.adapters)
+                with ctx:
+                    rest = decoder(input_ids=input_ids[:, P:-1], attention_mask=attention[:, :-1],
+                                   position_ids=position_ids[:, P:-1], use_cache=True, **{name: cache},
+                                   **extra)
+                hidden.append(rest.last_hidden_state)
+        finally:
+            self._checkpointing = False
         return torch.cat(hidden, dim=1)
 
     # -- persistence ---------------------------------------------------------------------
@@ -514,6 +535,35 @@ class AgentPool:
             if not path.is_file():
                 raise ValueError(f"folder {folder!s} has no adapter file {path.name}")
             self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
+
+
+def _cache_state(cache):
+    """The layers of a KV cache and each one's attributes (its key and value tensors, ...)."""
+    layers = list(cache.layers)
+    return layers, [dict(vars(layer)) for layer in layers]
+
+
+def _set_cache_state(cache, state) -> None:
+    """Put a KV cache back to a state from :func:`_cache_state` (no tensor is copied)."""
+    layers, attributes = state
+    cache.layers[:] = layers
+    for layer, attrs in zip(layers, attributes):
+        vars(layer).clear()
+        vars(layer).update(attrs)
+
+
+def _groups(keys: list, device) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Rows grouped by key (prompt and adapter): ``(uniq, row_map, first)`` with ``uniq`` the
+    distinct keys in order of first appearance, ``row_map[r]`` the index in ``uniq`` of row r's
+    key and ``first[u]`` the first row whose key is ``uniq[u]`` (so ``row_map[first]`` is
+    ``0, 1, ...``). Rows of one group share a prompt's KV cache."""
+    index: dict = {}
+    row_map = [index.setdefault(k, len(index)) for k in keys]
+    first = {}
+    for r, u in enumerate(row_map):
+        first.setdefault(u, r)
+    return (list(index), torch.tensor(row_map, dtype=torch.long, device=device),
+            torch.tensor(list(first.values()), dtype=torch.long, device=device))
 
 
 def _head_logprobs(hidden, tokens, temps, head):
