@@ -150,7 +150,8 @@ def test_signals_over_seeds(tmp_path):
     np.testing.assert_allclose(t["difference"][:3], diffs)
     over = t_interval(diffs)
     assert t.loc["over seeds", "difference"] == pytest.approx(np.mean(diffs))
-    assert (t.loc["over seeds", "low"], t.loc["over seeds", "high"]) == pytest.approx((over["low"], over["high"]))
+    lo_hi = (t.loc["over seeds", "low"], t.loc["over seeds", "high"])
+    assert lo_hi == pytest.approx((over["low"], over["high"]))
     assert t.loc["over seeds", "n"] == 3 and t.loc["seed 1", "n"] == 40
     assert t.loc["seed 2", "gain_wta"] == pytest.approx(t.loc["seed 2", "wta"] - np.mean(base))
     # one seed: no interval over seeds; a signal without a partner seed is refused

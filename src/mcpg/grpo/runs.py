@@ -43,7 +43,8 @@ from ..stats import mean_ci
 from .objective import ADVANTAGE_EPS, credit, group_advantages
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
-           "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit", "group_signal", "recording_summary",
+           "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
+           "group_signal", "recording_summary",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -262,7 +263,8 @@ def compare_runs(a: Run, b: Run, level: float = 0.95) -> dict:
     return paired_difference(a.eval["correct"], b.eval["correct"], level)
 
 
-def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta", level: float = 0.95) -> pd.DataFrame:
+def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
+                       level: float = 0.95) -> pd.DataFrame:
     """Signal ``a`` against signal ``b``: held-out accuracy seed by seed, and over seeds.
 
     One row ``seed k`` per seed that both signals finished: their accuracies and the paired
@@ -360,7 +362,8 @@ def group_signal(run: Run) -> pd.DataFrame:
             "update": row["update"], "prompt": np.repeat(np.arange(n // m), K),
             "agent": np.tile(run.agents, n // m),
             "any_correct": np.repeat(R.max(axis=(1, 2)) > 0, K), "own_correct": (R.max(axis=1) > 0).ravel(),
-            "score_std": S.std(axis=1, ddof=1).ravel(), "mean_abs_advantage": np.abs(A).mean(axis=1).ravel()}))
+            "score_std": S.std(axis=1, ddof=1).ravel(),
+            "mean_abs_advantage": np.abs(A).mean(axis=1).ravel()}))
     return pd.concat(frames, ignore_index=True)
 
 
