@@ -43,6 +43,15 @@ def _subprocess_env() -> dict:
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MCPG_GSM8K_DIR": str(FIXTURE)}
 
 
+def _train_in_subprocess(launcher: list[str], output: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``python <launcher> -m mcpg.grpo train`` of tiny-random with removal credit into ``output``,
+    in a fresh process (:func:`_subprocess_env`)."""
+    cmd = [sys.executable, *launcher, "-m", "mcpg.grpo", "train", "--config", "tiny-random",
+           "--signal", "removal", "--output", str(output), *extra, "--no-progress"]
+    # generous timeout: a loaded 2-core machine is many times slower than an idle one
+    return subprocess.run(cmd, env=_subprocess_env(), capture_output=True, text=True, timeout=1800)
+
+
 def _weights(run: Path) -> dict:
     out = {f"adapters/{p.name}": load_file(str(p)) for p in sorted((run / "adapters").iterdir())}
     out["router"] = load_file(str(run / "router.safetensors"))
@@ -121,27 +130,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert train("tiny-random", "removal", cut, stop_after=1, **kw) is None  # "crash" after update 1
     assert not (cut / "eval.json").exists() and len(_metrics(cut)) == 1
     # resume in a fresh process, as after a real interruption
-    env = _subprocess_env()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mcpg.grpo",
-            "train",
-            "--config",
-            "tiny-random",
-            "--signal",
-            "removal",
-            "--output",
-            str(cut),
-            "--resume",
-            "--no-progress",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,  # generous: a loaded 2-core machine is many times slower than an idle one
-    )
+    proc = _train_in_subprocess([], cut, "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _metrics(cut) == _metrics(full)
     ev_cut = json.loads((cut / "eval.json").read_text())
@@ -232,39 +221,9 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run = tmp_path / "ddp"
-    env = _subprocess_env()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "-m",
-            "mcpg.grpo",
-            "train",
-            "--config",
-            "tiny-random",
-            "--signal",
-            "removal",
-            "--output",
-            str(run),
-            "--updates",
-            "2",
-            "--no-progress",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,  # generous: a loaded 2-core machine is many times slower than an idle one
-    )
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    proc = _train_in_subprocess(launch, run, "--updates", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["processes"] == 2
     assert {p.name for p in (run / "checkpoint").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
