@@ -11,6 +11,7 @@ import pytest
 from mcpg import stats
 from mcpg.grpo.gsm8k import (
     SPECIALTY_KEYWORDS,
+    committed_answer,
     extract_answer,
     gold_answer,
     is_correct,
@@ -79,6 +80,43 @@ def test_is_correct_and_reward():
     assert not is_correct(None, 1)
     assert is_correct(2.5, 2.5)
     assert reward("answer: 7", 7) == 1.0 and reward("answer: 8", 7) == 0.0 and reward("", 7) == 0.0
+
+
+def test_strict_reads_the_marker_only():
+    # lm-eval-harness's two GSM8K filters: strict-match (#### only) and flexible-extract
+    assert extract_answer("so it is 12. #### 7", mode="strict") == 7.0
+    assert extract_answer("The answer is 12.", mode="strict") is None
+    assert extract_answer("The answer is 12.", mode="flexible") == 12.0
+    assert is_correct("The answer is 12.", 12) and not is_correct("The answer is 12.", 12, mode="strict")
+    with pytest.raises(ValueError, match="mode"):
+        extract_answer("#### 1", mode="lenient")
+
+
+@pytest.mark.parametrize(
+    "text, truncated, committed",
+    [
+        ("17 - 16 = 1. #### 1", False, 1.0),
+        ("17 - 16 = 1. #### 1", True, 1.0),  # the marker commits even when the text runs on
+        ("we need 17 - 16, which is 10 meters. Since 10 x 1", True, None),  # cut mid-sentence
+        ("we need 17 - 16, which is 10 meters. Since 10 x 1", False, 1.0),  # ended: last number
+        ("The answer is 5", True, None),
+        ("The answer is 5", False, 5.0),
+        ("", False, None),
+    ],
+)
+def test_committed_answer(text, truncated, committed):
+    assert committed_answer(text, truncated) == committed
+
+
+def test_reward_pays_a_cut_answer_only_through_its_marker():
+    # the example: right by accident while being cut off
+    cut = "...we need to calculate 17 - 16, which is 10 meters. Since 10 meters is 10 x 1"
+    assert reward(cut, 1.0) == 1.0  # ended by itself: its last number is its answer
+    assert reward(cut, 1.0, truncated=True) == 0.0  # cut: it committed to nothing
+    assert reward(cut + " #### 1", 1.0, truncated=True) == 1.0
+    assert reward("#### 2", 1.0, truncated=True) == 0.0
+    with pytest.raises(ValueError, match="output"):
+        reward(3, 3.0)
 
 
 def test_load_fixture():

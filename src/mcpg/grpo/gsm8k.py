@@ -1,8 +1,15 @@
 """GSM8K: loading problems, reading gold answers, checking model answers (paper §8).
 
-Each GSM8K problem is one history H; a candidate earns reward R^(j) = 1 when its final
-number equals the gold answer and 0 otherwise (an answer with no number scores 0), so
-mean deployed reward is accuracy.
+Each GSM8K problem is one history H; a candidate earns reward R^(j) = 1 when the answer it
+*commits to* equals the gold answer and 0 otherwise, so mean deployed reward is accuracy.
+A committed answer is the explicit ``#### <n>`` marker, or, for a completion that ended by
+itself, the final number it gives (:func:`committed_answer`). A completion cut at the token
+budget without a marker commits to nothing and earns 0: its last number is whatever it was
+in the middle of writing, right only by luck.
+
+Two accuracies are reported side by side, as lm-eval-harness does for GSM8K
+(:func:`extract_answer`'s ``mode``): ``strict`` reads only the ``#### <n>`` marker;
+``flexible`` reads markers first and falls back on the last number in the text.
 
 Data source, in this order:
 
@@ -32,7 +39,9 @@ __all__ = [
     "SPECIALTY_KEYWORDS",
     "load_gsm8k",
     "gold_answer",
+    "EXTRACT_MODES",
     "extract_answer",
+    "committed_answer",
     "is_correct",
     "reward",
     "question_specialty",
@@ -77,14 +86,23 @@ def gold_answer(answer_text: str) -> float:
     return x
 
 
-def extract_answer(model_output: str) -> float | None:
-    """The final number a model's output commits to, or None when it gives none.
+EXTRACT_MODES: tuple[str, ...] = ("flexible", "strict")
+"""How :func:`extract_answer` reads an answer: ``flexible`` (markers, else the last number)
+or ``strict`` (the ``#### <n>`` marker only), lm-eval-harness's two GSM8K filters."""
 
-    An explicit final-answer marker wins, checked in this order: the last ``#### <n>``,
-    the last ``\\boxed{...}`` holding a number, the last "answer is <n>" / "Answer: <n>";
-    otherwise the last number in the text. Numbers may carry a sign, ``$``, thousands
-    commas and decimals: ``"The answer is $1,234.50."`` gives 1234.5.
+
+def extract_answer(model_output: str, mode: str = "flexible") -> float | None:
+    """The final number a model's output gives, or None when it gives none.
+
+    ``mode="flexible"`` (default): an explicit final-answer marker wins, checked in this
+    order: the last ``#### <n>``, the last ``\\boxed{...}`` holding a number, the last
+    "answer is <n>" / "Answer: <n>"; otherwise the last number in the text.
+    ``mode="strict"``: the last ``#### <n>`` only (None without one).
+    Numbers may carry a sign, ``$``, thousands commas and decimals:
+    ``"The answer is $1,234.50."`` gives 1234.5.
     """
+    if mode not in EXTRACT_MODES:
+        raise ValueError(f"mode must be one of {EXTRACT_MODES}, got {mode!r}")
     if model_output is None:
         return None
     if not isinstance(model_output, str):
@@ -93,6 +111,8 @@ def extract_answer(model_output: str) -> float | None:
     hashes = _HASH_RE.findall(text)
     if hashes:
         return _to_float(hashes[-1])
+    if mode == "strict":
+        return None
     for inner in reversed(_BOXED_RE.findall(text)):
         nums = _NUM_RE.findall(inner)
         if nums:
@@ -104,21 +124,38 @@ def extract_answer(model_output: str) -> float | None:
     return _to_float(nums[-1]) if nums else None
 
 
-def is_correct(output, gold: float, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> bool:
+def committed_answer(model_output: str, truncated: bool = False) -> float | None:
+    """The answer a completion commits to: its ``#### <n>``, or, when it ended by itself
+    (``truncated`` False), its flexible answer (:func:`extract_answer`). A completion cut at
+    the token budget without a marker commits to nothing (None)."""
+    if extract_answer(model_output, mode="strict") is not None:
+        return extract_answer(model_output, mode="strict")
+    return None if truncated else extract_answer(model_output)
+
+
+def is_correct(output, gold: float, rel_tol: float = 1e-6, abs_tol: float = 1e-6,
+               mode: str = "flexible") -> bool:
     """Whether ``output`` (model text, or an already extracted number) equals ``gold``.
 
     Numeric equality up to the tolerances (``math.isclose``); an output with no number is
-    wrong.
+    wrong. ``mode``: how text is read (:data:`EXTRACT_MODES`).
     """
-    pred = extract_answer(output) if isinstance(output, str) or output is None else output
+    if isinstance(output, str) or output is None:
+        pred = extract_answer(output, mode=mode)
+    else:
+        pred = output
     if pred is None:
         return False
     return math.isclose(float(pred), float(gold), rel_tol=rel_tol, abs_tol=abs_tol)
 
 
-def reward(output, gold: float) -> float:
-    """R^(j) in {0, 1}: exact numerical answer correctness (paper §8)."""
-    return 1.0 if is_correct(output, gold) else 0.0
+def reward(output, gold: float, truncated: bool = False) -> float:
+    """R^(j) in {0, 1}: the committed answer (:func:`committed_answer`) equals the gold
+    answer (paper §8's exact numerical correctness). A completion cut at the token budget
+    (``truncated``) earns 1 only through an explicit ``#### <n>``."""
+    if output is not None and not isinstance(output, str):
+        raise ValueError(f"output must be a string, got {type(output).__name__}")
+    return 1.0 if is_correct(committed_answer(output, truncated), gold) else 0.0
 
 
 def _read_jsonl(path: Path) -> list[dict]:

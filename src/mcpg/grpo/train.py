@@ -5,7 +5,9 @@ One update, top to bottom (:func:`train`):
 1. **Rollout.** Draw ``prompts_per_update`` GSM8K problems. Every agent (a LoRA adapter)
    samples m completions of every problem, all agents in one mixed-adapter batch; the
    g-th completions of the K agents form slate g.
-2. **Rewards.** ``R^(j) = 1`` when candidate j's final number equals the gold answer.
+2. **Rewards.** ``R^(j) = 1`` when the answer candidate j commits to equals the gold answer:
+   its ``#### <n>``, or its final number if it ended by itself; a completion cut at the
+   token budget without a marker earns 0 (:func:`mcpg.grpo.gsm8k.reward`).
 3. **Routing.** The current router scores every candidate (``s_j``), gives the propensities
    of Eq. (3) and the outcome estimates ``mu_hat_j = sigmoid(s_j)``; it draws the deployed
    candidate ``I ~ p`` and only ``G = R^(I)`` is fed back (filtered feedback).
@@ -287,8 +289,9 @@ class Engine:
         t_gen = time.perf_counter()
 
         # 2. rewards R^(j), slate layout (B, m, K)
+        golds = [p["gold"] for p in problems for _ in range(K * m)]
         R_rows = np.array(
-            [reward(t, p["gold"]) for p, t in zip([p for p in problems for _ in range(K * m)], roll.texts)]
+            [reward(t, g, truncated=bool(c)) for t, g, c in zip(roll.texts, golds, roll.truncated.tolist())]
         )
         R = R_rows.reshape(B, K, m).transpose(0, 2, 1)
 
@@ -578,7 +581,7 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         rows = range(b * (K + with_base), (b + 1) * (K + with_base))
         texts = [roll.texts[r] for r in rows]
         trunc = [bool(roll.truncated[r]) for r in rows]
-        R = [reward(t, prob["gold"]) for t in texts]
+        R = [reward(t, prob["gold"], truncated=c) for t, c in zip(texts, trunc)]
         f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
         rt = engine.router.route(f)
         d = int(np.argmax(rt["scores"]))
