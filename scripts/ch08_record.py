@@ -11,8 +11,18 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py control                 # data/results/ch08/control
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
+    python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
 
-The configs are ``data/configs/ch08-<what>.json``.
+The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
+``ch08-grid-control.json``); a grid job may override keys (its advantage scaling).
+
+**One recording, one commit.** The grid's runs are compared with each other, so every one
+of them must run the same code: a job refuses to start when the commit differs from the one
+the grid's recorded runs name in their PROVENANCE.json. A recording that spans sessions
+runs from a worktree at that commit, writing into this checkout's results::
+
+    git worktree add /tmp/grid-rec <commit> && cd /tmp/grid-rec
+    python scripts/ch08_record.py grid --parallel 2 --results /path/to/repo/data/results/ch08
 """
 
 from __future__ import annotations
@@ -49,7 +59,24 @@ JOBS = {
     # "none"), which keeps Eq. (19)'s estimator noise at its own scale instead of dividing a
     # group of near-equal credits by their tiny spread
     "compare-unscaled": [("removal", 0, "compare-unscaled/removal/seed0")],
+    # the verdict's grid: K = 1 controls first (they fix the budget), then wta and removal under
+    # both advantage scalings, seed by seed so that a partial recording stays paired, and the
+    # full-feedback oracle under both scalings
+    "grid": [
+        *[("wta", k, f"grid/control/seed{k}", {}, "grid-control") for k in range(3)],
+        *[(sig, k, f"grid/{sig}-{sc}/seed{k}", {"scale_rewards": sc}, "grid")
+          for k in range(3) for sc in ("group", "none") for sig in ("wta", "removal")],
+        *[("oracle", 0, f"grid/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid")
+          for sc in ("group", "none")],
+    ],
 }
+
+
+def _job(job: tuple, what: str) -> tuple[str, int, str, dict, str]:
+    """A job as (signal, seed, folder, config overrides, config name)."""
+    signal, seed, rel, *rest = job
+    overrides = rest[0] if rest else {}
+    return signal, seed, rel, overrides, rest[1] if len(rest) > 1 else what
 
 
 def _git(*args: str) -> str:
@@ -79,8 +106,9 @@ def _machine() -> dict:
     }
 
 
-def _command(what: str, signal: str, seed: int, run: Path) -> list[str]:
-    """The train command; the config is ``data/configs/ch08-<what>.json`` with ``seed`` set."""
+def _command(what: str, signal: str, seed: int, run: Path, overrides: dict | None = None) -> list[str]:
+    """The train command; the config is ``data/configs/ch08-<what>.json`` with ``seed`` and the
+    job's ``overrides`` set."""
     cmd = [
         sys.executable,
         "-W",
@@ -98,7 +126,7 @@ def _command(what: str, signal: str, seed: int, run: Path) -> list[str]:
         return cmd + ["--resume"]
     spec = json.loads((ROOT / "data" / "configs" / f"ch08-{what}.json").read_text())
     seeded = run.with_suffix(".config.json")
-    seeded.write_text(json.dumps({**spec, "seed": seed}, indent=1) + "\n")
+    seeded.write_text(json.dumps({**spec, **(overrides or {}), "seed": seed}, indent=1) + "\n")
     return cmd + ["--config", str(seeded)]
 
 
@@ -121,7 +149,7 @@ def _times(path: Path) -> dict:
 
 def _record(
     what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float,
-    commit: str, dirty: bool,
+    commit: str, dirty: bool, overrides: dict | None = None,
 ) -> None:
     if dest.exists():
         shutil.rmtree(dest)
@@ -133,6 +161,7 @@ def _record(
         "what": f"chapter 8 {what}: signal {signal}, seed {seed}",
         "command": " ".join(["OMP_NUM_THREADS=1"] + [c if c != sys.executable else "python" for c in cmd]),
         "config": f"data/configs/ch08-{what}.json",
+        "overrides": overrides or {},
         "commit": commit,
         "dirty": dirty,
         "commit_note": "HEAD when the run (its last call, if resumed) started: the code it imported",
@@ -155,21 +184,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
     ap.add_argument("--only", nargs="+", metavar="RUN",
                     help="record only these jobs, named by their folder (e.g. compare/removal/seed2)")
+    ap.add_argument("--results", default=str(RESULTS),
+                    help="where recorded runs are copied (default: this checkout's data/results/ch08)")
     a = ap.parse_args(argv)
+    results = Path(a.results)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    known = [j[2] for j in JOBS[a.what]]
+    jobs = [_job(j, a.what) for j in JOBS[a.what]]
+    known = [j[2] for j in jobs]
     unknown = sorted(set(a.only or ()) - set(known))
     if unknown:
         ap.error(f"no job {unknown} in {a.what!r}; its jobs are {known}")
-    pending = [j for j in JOBS[a.what]
-               if not (RESULTS / j[2] / "eval.json").exists() and (not a.only or j[2] in a.only)]
+    head = _git("rev-parse", "HEAD")
+    if a.what == "grid":  # one recording, one commit
+        recorded = (results / "grid").glob("*/seed*/PROVENANCE.json")
+        commits = {json.loads(f.read_text()).get("commit") for f in recorded}
+        if commits - {head}:
+            ap.error(f"the grid's recorded runs ran at {sorted(commits)}, this checkout is at {head}: "
+                     "record from a worktree at that commit (see the docstring)")
+    pending = [j for j in jobs
+               if not (results / j[2] / "eval.json").exists() and (not a.only or j[2] in a.only)]
     running: list[tuple] = []
     while pending or running:
         while pending and len(running) < a.parallel:
-            signal, seed, rel = pending.pop(0)
+            signal, seed, rel, overrides, config = pending.pop(0)
             run = Path(a.runs) / rel
             run.parent.mkdir(parents=True, exist_ok=True)
-            cmd = _command(a.what, signal, seed, run)
+            cmd = _command(config, signal, seed, run, overrides)
             log = open(run.with_suffix(".log"), "a")
             started = datetime.now(timezone.utc).isoformat(timespec="seconds")
             timer = (
@@ -180,17 +220,19 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.Popen(timer + cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             commit = _git("rev-parse", "HEAD")
             dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-            running.append((proc, signal, seed, rel, run, cmd, started, time.time(), commit, dirty))
+            running.append((proc, signal, seed, rel, run, cmd, started, time.time(), commit, dirty, overrides,
+                            config))
             print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)
         time.sleep(5)
         for job in list(running):
-            proc, signal, seed, rel, run, cmd, started, t0, commit, dirty = job
+            proc, signal, seed, rel, run, cmd, started, t0, commit, dirty, overrides, config = job
             if proc.poll() is None:
                 continue
             running.remove(job)
             if proc.returncode == 0 and (run / "eval.json").exists():
                 wall = time.time() - t0
-                _record(a.what, signal, seed, run, RESULTS / rel, cmd, started, wall, commit, dirty)
+                _record(config, signal, seed, run, results / rel, cmd, started, wall, commit, dirty,
+                        overrides)
                 print(f"recorded {rel} in {time.time() - t0:.0f} s", flush=True)
             else:
                 print(f"failed {rel} (exit {proc.returncode}); see {run.with_suffix('.log')}", flush=True)

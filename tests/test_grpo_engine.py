@@ -197,6 +197,34 @@ def test_features_are_deterministic_and_informative():
         f([q], ["x"], [3])
 
 
+def test_calculation_flags_read_the_written_calculation():
+    from mcpg.grpo.router import calculation_flags
+
+    q = "A rope is 14 meters long. Ben cuts off 5 meters. How long is the rope now?"
+    right = calculation_flags(q, "14 - 5 = 9 meters.\n#### 9", 9.0)
+    wrong_sum = calculation_flags(q, "14 - 5 = 8 meters.\n#### 8", 8.0)
+    copied = calculation_flags(q, "14 - 5 = 9 meters.\n#### 14", 14.0)
+    far = calculation_flags(q, "The rope is 70 meters.", 70.0)
+    assert right.tolist() == [1, 1, 0, 1, 1, 1]
+    assert wrong_sum[1] == 0 and wrong_sum[4] == 0  # 14 - 5 = 8 does not hold; 8 is no one-step result
+    assert copied[3] == 0 and copied[4] == 0  # final answer differs from its own equation's result
+    assert far[0] == 0 and far[1] == 0 and far[4] == 1  # 70 = 14 x 5: one step, though unwritten
+    assert calculation_flags(q, "3 + 4 = 7 and 2 x 3 = 7", None)[2] == 1  # one of two equations fails
+    assert calculation_flags(q, "2 / 0 = 1", None)[1] == 0  # division by zero never holds
+
+
+def test_feature_kinds():
+    calc = CandidateFeatures(2, 8, 8)
+    basic = CandidateFeatures(2, 8, 8, kind="basic")
+    assert calc.dim == basic.dim + CandidateFeatures.N_CALCULATION
+    q, c = "Ava has $3 and earns $4. How much?", "3 + 4 = 7\n#### 7"
+    a, b = calc([q], [c], [0])[0], basic([q], [c], [0])[0]
+    n = 16 + CandidateFeatures.N_FLAGS
+    assert torch.equal(a[:n], b[:n]) and torch.equal(a[-2:], b[-2:])  # basic is a prefix (+ one-hot)
+    with pytest.raises(ValueError, match="kind"):
+        CandidateFeatures(2, kind="judge")
+
+
 def test_router_propensities_are_eq3_of_its_scores():
     torch.manual_seed(0)
     r = Router(5, hidden=8, tau=0.5, eps=0.2)

@@ -12,10 +12,12 @@ from mcpg.grpo.runs import (
     compare_runs,
     eval_gains,
     eval_table,
+    expected_advantage,
     group_signal,
     health,
     learning_curve,
     paired_difference,
+    per_problem,
     read_comparison,
     read_run,
     recording_summary,
@@ -239,3 +241,74 @@ def test_engine_run_directory(tmp_path):
     np.testing.assert_allclose(s["removal_expected"], s["oracle"], atol=1e-9)
     assert {"zero_std_fraction", "truncated", "completion_tokens"} <= set(health(run)["metric"])
     assert eval_gains(run).shape[0] == 3
+
+
+def test_expected_advantage(tmp_path):
+    """E[A | completions] over the router's draws, exact (K^m = 81 joint draws) and by Monte Carlo."""
+    rng = np.random.default_rng(5)
+    slates = _slates(rng, n_updates=2)
+    R = np.asarray(slates[0]["R"])
+    R[:4] = 0.0  # prompt 0 of update 1: no candidate right on any of its 4 slates
+    sel = np.asarray(slates[0]["I"])
+    G = R[np.arange(8), sel]
+    args = (np.asarray(slates[0][k], float) for k in ("p", "P", "mu_hat"))
+    slates[0].update(R=R.tolist(), G=G.tolist(), score=credit("removal", sel, G, *args).tolist())
+    run = read_run(_write_run(tmp_path / "r", slates=slates))
+    ea = expected_advantage(run)
+    assert len(ea) == 2 * 8 * 3 and ea["exact"].all()
+    # Corollary 3: the expected Eq. 19 credit is the exact removal contribution (slate_credit's oracle)
+    sc = slate_credit(run)
+    np.testing.assert_allclose(ea["expected_credit"], sc["oracle"], atol=1e-12)
+    # centred advantages are linear: their expectation is the centred expected credit, per group
+    grp = ea.groupby(["update", "prompt", "agent"])["expected_credit"].transform("mean")
+    np.testing.assert_allclose(ea["expected_none"], ea["expected_credit"] - grp, atol=1e-12)
+    dead = ea[(ea["update"] == 1) & (ea["prompt"] == 0)]
+    assert not dead["any_correct"].any()
+    np.testing.assert_allclose(dead["expected_none"], 0.0, atol=1e-12)  # no right answer: no push
+    assert dead["expected_group"].abs().max() > 0.05  # standardised: a push from the outcome model
+    # an independent path: simulate whole rollouts of router draws and average the advantages
+    p, P, mu = (np.asarray(slates[0][k], float)[:4] for k in ("p", "P", "mu_hat"))
+    n_sim, agent = 20_000, 1
+    draws = routing.sample_selection(np.broadcast_to(p, (n_sim, 4, 3)), rng)  # (n_sim, 4 slates)
+    c = credit("removal", draws, np.zeros((n_sim, 4)), np.broadcast_to(p, (n_sim, 4, 3)),
+               np.broadcast_to(P, (n_sim, 4, 3, 3)), np.broadcast_to(mu, (n_sim, 4, 3)))[..., agent]
+    A = (c - c.mean(1, keepdims=True)) / (c.std(1, ddof=1, keepdims=True) + 1e-4)
+    se = A.std(0) / np.sqrt(n_sim)
+    want = dead[dead["agent"] == run.agents[agent]]["expected_group"].to_numpy()
+    assert np.all(np.abs(A.mean(0) - want) < 5 * se + 1e-9)
+    # Monte Carlo mode agrees with the exact sum within its own noise
+    mc = expected_advantage(run, exact_limit=10, draws=20_000, seed=1)
+    assert not mc["exact"].any()
+    assert np.abs(mc["expected_group"] - ea["expected_group"]).max() < 0.05
+    # a perturbed signal must break Corollary 3's line: wta's expected credit is not the oracle
+    wta = expected_advantage(read_run(_write_run(tmp_path / "w", signal="wta", slates=slates)))
+    assert np.abs(wta["expected_credit"] - sc["oracle"]).max() > 0.05
+
+
+def test_agent_level_measures_read_the_actors_apart_from_the_router(tmp_path):
+    rng = np.random.default_rng(4)
+    n, base = 30, rng.binomial(1, 0.2, 30).tolist()
+    runs, want = [], {}
+    for seed in range(2):
+        for sig in ("removal", "wta"):
+            agents = rng.binomial(1, 0.5 if sig == "removal" else 0.3, (n, 3))
+            dep = rng.integers(0, 3, n)  # a router that routes at random
+            ev = {"accuracy": 0.0, "n": n, "correct": agents[np.arange(n), dep].tolist(),
+                  "base_correct": base, "agent_correct": agents.tolist()}
+            runs.append(read_run(_write_run(tmp_path / sig / f"seed{seed}", signal=sig, eval_=ev, seed=seed)))
+            want[sig, seed] = agents
+    r = runs[0]
+    np.testing.assert_allclose(per_problem(r, "uniform"), want["removal", 0].mean(1))
+    np.testing.assert_allclose(per_problem(r, "best_of_k"), want["removal", 0].max(1))
+    np.testing.assert_allclose(per_problem(r, "deployed"), r.eval["correct"])
+    for measure, f in (("uniform", lambda x: x.mean(1)), ("best_of_k", lambda x: x.max(1))):
+        t = signals_over_seeds(runs, measure=measure)
+        for seed in range(2):
+            d = f(want["removal", seed]) - f(want["wta", seed])
+            assert t.loc[f"seed {seed}", "difference"] == pytest.approx(d.mean())
+            assert t.loc[f"seed {seed}", "gain_wta"] == pytest.approx((f(want["wta", seed]) - base).mean())
+    # the deployed comparison is a different number: the random router mixes the agents
+    assert signals_over_seeds(runs).loc["seed 0", "difference"] != pytest.approx(
+        signals_over_seeds(runs, measure="uniform").loc["seed 0", "difference"])
+    with pytest.raises(ValueError, match="measure"):
+        per_problem(r, "median")

@@ -274,6 +274,20 @@ def test_health_metrics_and_initial_evaluation(tmp_path):
     assert len(ev["correct"]) == len(ev["base_correct"]) == len(ev["initial_correct"]) == n
     assert np.mean(ev["correct"]) == ev["accuracy"] and np.mean(ev["base_correct"]) == ev["base_accuracy"]
     assert np.array(ev["agent_correct"]).shape == (n, 3)
+    # agent-level keys: what the actors can do, read apart from the router
+    agent = np.array(ev["agent_correct"], dtype=float)
+    assert ev["agent_accuracy"] == pytest.approx(agent.mean(0).tolist())
+    assert ev["best_of_k"] == ev["oracle"] == pytest.approx(agent.max(1).mean())
+    assert ev["uniform_accuracy"] == pytest.approx(np.mean(ev["agent_accuracy"]))
+    assert ev["uniform_correct"] == pytest.approx(agent.mean(1).tolist())
+    mu = np.array(ev["mu_hat"])
+    assert mu.shape == (n, 3) and ((mu > 0) & (mu < 1)).all()
+    # the deployed candidate is the top score, and mu_hat = sigmoid(score) is monotone in it
+    dep = np.array(ev["correct"]) == agent[np.arange(n), mu.argmax(1)]
+    assert dep.all()
+    for key in ("router_auc", "router_auc_within"):
+        assert ev[key] is None or 0.0 <= ev[key] <= 1.0
+    assert 0.0 <= ev["truncated"] <= 1.0 and ev["strict_accuracy"] <= ev["flexible_accuracy"] + 1e-12
 
 
 def test_untrained_agent_with_the_reference_prompt_is_the_base_model():
@@ -331,3 +345,31 @@ def test_advantages_scale_rewards(scale):
     else:
         assert np.abs(adv[1, :, 2]).max() < 0.2  # eps = 1e-4 keeps noise small (1e-6 made it ~1)
         np.testing.assert_allclose(adv[2:].std(axis=1, ddof=1), 1.0, rtol=1e-3)  # TRL: unbiased std
+
+
+def test_within_slate_auc_counts_pairs_of_one_problem():
+    from mcpg.grpo.train import within_slate_auc
+
+    mu = [[0.9, 0.1, 0.5], [0.2, 0.3, 0.3], [0.4, 0.6, 0.5]]
+    R = [[1, 0, 0], [0, 1, 0], [1, 1, 1]]  # the last slate has no wrong candidate: no pairs
+    # pairs: (0>1 yes), (0>2 yes), (1 vs 0: 0.3>0.2 yes), (1 vs 2: tie, one half)
+    assert within_slate_auc(mu, R) == pytest.approx(3.5 / 4)
+    # pooled over problems the same scores rank differently: 0.4 (right) < 0.5 (wrong) etc.
+    from mcpg.stats import roc_auc
+
+    assert roc_auc(np.ravel(mu), np.ravel(R)) != pytest.approx(3.5 / 4)
+    assert within_slate_auc([[0.1, 0.2]], [[1, 1]]) is None
+    with pytest.raises(ValueError, match="shape"):
+        within_slate_auc([0.1, 0.2], [1, 0])
+
+
+def test_a_recorded_config_without_router_features_reads_as_basic():
+    from mcpg.grpo.configs import resolve_config, saved_config
+
+    old = resolve_config("tiny-random").to_dict()
+    del old["router_features"]
+    assert saved_config(old)["router_features"] == "basic"
+    assert saved_config({**old, "router_features": "calculation"})["router_features"] == "calculation"
+    assert resolve_config("tiny-random")["router_features"] == "calculation"
+    with pytest.raises(ValueError, match="router_features"):
+        resolve_config("tiny-random", router_features="judge")

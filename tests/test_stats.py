@@ -3,6 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpg import plotting, stats
 
@@ -80,3 +82,32 @@ def test_summary_table():
 def test_shared_vocabulary():
     assert stats.EVAL_KEYS == ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
     assert stats.SPECIALTIES == ("money", "time", "geometry")
+
+
+def test_roc_auc_is_the_mann_whitney_probability():
+    from mcpg.stats import roc_auc
+
+    assert roc_auc([0.9, 0.8, 0.1, 0.2], [1, 1, 0, 0]) == 1.0
+    assert roc_auc([0.1, 0.2, 0.9, 0.8], [1, 1, 0, 0]) == 0.0
+    assert roc_auc([0.5, 0.5, 0.5], [1, 0, 0]) == 0.5  # ties count one half
+    assert roc_auc([0.3, 0.4], [1, 1]) is None  # one class: undefined
+    with pytest.raises(ValueError, match="labels"):
+        roc_auc([0.1, 0.2], [2, 0])
+    with pytest.raises(ValueError, match="same length"):
+        roc_auc([0.1, 0.2], [1])
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=2, max_size=40))
+def test_roc_auc_equals_the_pair_count(pairs):
+    """AUC against its definition, counted pair by pair (an independent path: no ranks)."""
+    from mcpg.stats import roc_auc
+
+    s = np.array([float(x) for x, _ in pairs])
+    y = np.array([b for _, b in pairs])
+    pos, neg = s[y], s[~y]
+    got = roc_auc(s, y)
+    if pos.size == 0 or neg.size == 0:
+        assert got is None
+        return
+    want = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
+    assert got == pytest.approx(want, abs=1e-12)

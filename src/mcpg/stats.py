@@ -33,6 +33,7 @@ __all__ = [
     "paired_difference",
     "summary_table",
     "format_interval",
+    "roc_auc",
 ]
 
 EVAL_KEYS: tuple[str, ...] = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -187,3 +188,38 @@ def summary_table(
     )
     out["n"] = table["n"]
     return out
+
+
+def roc_auc(scores, labels) -> float | None:
+    """Area under the ROC curve of ``scores`` for binary ``labels``: the probability that a
+    random positive scores above a random negative, ties counting one half (the Mann-Whitney
+    statistic divided by ``n_pos * n_neg``). None when one class is absent.
+
+    0.5 is a score that carries no information; 1 separates perfectly; below 0.5 ranks the
+    wrong way round.
+    """
+    s = np.asarray(scores, dtype=float).ravel()
+    y = np.asarray(labels).ravel()
+    if s.shape != y.shape:
+        raise ValueError(f"scores and labels must have the same length, got {s.size} and {y.size}")
+    if np.isnan(s).any():
+        raise ValueError("scores contain NaN")
+    if not np.isin(y, (0, 1, True, False)).all():
+        raise ValueError("labels must be 0/1 or boolean")
+    y = y.astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    # average ranks (ties share their mean rank);
+    # AUC = (rank sum of positives - n_pos (n_pos + 1) / 2) / (n_pos n_neg)
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(s.size, dtype=float)
+    sorted_s = s[order]
+    i = 0
+    while i < s.size:
+        j = i
+        while j + 1 < s.size and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = 0.5 * (i + j) + 1.0
+        i = j + 1
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

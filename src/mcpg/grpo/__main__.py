@@ -132,7 +132,7 @@ def _read_json(path: Path, what: str) -> object:
 
 def _config_of_command(args) -> dict:
     """Check the paths of the command and return the config it will run with (for ``threads``)."""
-    from .configs import CONFIGS, resolve_config
+    from .configs import CONFIGS, resolve_config, saved_config
 
     if args.command == "evaluate":
         run = Path(args.run)
@@ -142,7 +142,7 @@ def _config_of_command(args) -> dict:
         if not (run / "config.json").is_file():
             raise UsageError(f"--run {run} is not a run directory (it has no config.json)")
         saved = _read_json(run / "config.json", "run config")
-        return resolve_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+        return saved_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
 
     out = Path(args.output)
     if out.exists() and not out.is_dir():
@@ -154,7 +154,7 @@ def _config_of_command(args) -> dict:
         if not (out / "config.json").is_file():
             raise UsageError(f"--output {out} holds no run to resume (no config.json)")
         saved = _read_json(out / "config.json", "run config")
-        return resolve_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+        return saved_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
     if args.config in CONFIGS:
         return resolve_config(args.config)
     path = Path(args.config)

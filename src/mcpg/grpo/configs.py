@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "check_config"]
+__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "resolve_config", "saved_config",
+           "check_config"]
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
@@ -134,6 +135,9 @@ class GRPOConfig(Mapping):
     """hashed bag-of-words buckets for the question."""
     candidate_features: int = 256
     """hashed bag-of-words buckets for the candidate."""
+    router_features: str = "calculation"
+    """calculation (flags that check the candidate's written calculation) | basic (without them:
+    the set of the recordings made before this key existed, which their config.json lacks)."""
     eval_initial: bool = True
     """evaluate the untrained pool before the first update."""
     eval_batch_size: int = 64
@@ -272,6 +276,9 @@ def _check(cfg: GRPOConfig) -> None:
                          f"got {cfg['router_eps']!r}")
     if cfg["task"] not in ("gsm8k", "arithmetic"):
         raise ValueError(f"config key 'task' must be 'gsm8k' or 'arithmetic', got {cfg['task']!r}")
+    if cfg["router_features"] not in ("calculation", "basic"):
+        raise ValueError(f"config key 'router_features' must be 'calculation' or 'basic', "
+                         f"got {cfg['router_features']!r}")
     if cfg["scale_rewards"] not in ("group", "none"):
         raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', "
                          f"got {cfg['scale_rewards']!r}")
@@ -299,6 +306,13 @@ def _check(cfg: GRPOConfig) -> None:
 
 DEFAULTS: dict = GRPOConfig().to_dict()
 """Every key with its default (see :class:`GRPOConfig` for the meanings)."""
+
+
+def saved_config(saved: Mapping) -> GRPOConfig:
+    """The config of a run directory's ``config.json`` (its ``config`` entry). Keys added to the
+    engine after the run was recorded take the value that reproduces the run: a run without
+    ``router_features`` used the ``basic`` features."""
+    return resolve_config({"router_features": "basic", **saved})
 
 
 def resolve_config(name_or_path: str | Mapping, **overrides) -> GRPOConfig:

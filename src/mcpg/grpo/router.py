@@ -18,6 +18,14 @@ the question and of the candidate (words and word bigrams), flags of the parsed 
 the question, its magnitude), the candidate's length and truncation, and a one-hot of the
 agent that wrote it. Hashing uses CRC32, not Python's salted ``hash``, so features are the
 same in every process.
+
+With ``kind="calculation"`` (the default; ``"basic"`` is the set above alone, which earlier
+recordings used) six flags read the candidate's *written calculation* against the question,
+the correctness information a small model's answer exposes (:func:`calculation_flags`): does
+every equation it writes hold, does its final answer equal its last equation's result, is
+the final answer one operation away from two numbers of the question. They are still
+functions of (H, A^(j)) alone, the form of Eq. (3): the router reads the question and one
+candidate, never the reward.
 """
 
 from __future__ import annotations
@@ -34,10 +42,68 @@ from torch import nn
 from .. import routing
 from .gsm8k import extract_answer
 
-__all__ = ["CandidateFeatures", "Router"]
+__all__ = ["CandidateFeatures", "Router", "FEATURE_KINDS", "calculation_flags"]
+
+FEATURE_KINDS: tuple[str, ...] = ("calculation", "basic")
+"""The feature sets of :class:`CandidateFeatures` (config key ``router_features``)."""
 
 _WORD = re.compile(r"[a-z]+|\d+(?:\.\d+)?|[#$=+*/-]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+# "a op b = c" with op in + - * x / (and the unicode times/minus signs), c possibly with "$"
+_EQ = re.compile(
+    r"(-?\$?\d+(?:,\d{3})*(?:\.\d+)?)\s*([-+*/x\u00d7\u2212])\s*(-?\$?\d+(?:,\d{3})*(?:\.\d+)?)"
+    r"\s*=\s*(-?\$?\d+(?:,\d{3})*(?:\.\d+)?)"
+)
+
+
+def _num(t: str) -> float:
+    return float(t.replace("$", "").replace(",", ""))
+
+
+def _apply(a: float, op: str, b: float) -> float | None:
+    if op == "+":
+        return a + b
+    if op in "-\u2212":
+        return a - b
+    if op in "*x\u00d7":
+        return a * b
+    return a / b if b != 0 else None
+
+
+def calculation_flags(question: str, candidate: str, answer: float | None) -> np.ndarray:
+    """Six flags of a candidate's written calculation (the ``calculation`` features).
+
+    1. it writes at least one equation ``a op b = c``;
+    2. the share of its equations that hold (0 without any);
+    3. some equation is wrong;
+    4. its final ``answer`` equals its last equation's stated result;
+    5. ``answer`` is one operation (+, -, x, /) away from two numbers of the question;
+    6. ``answer`` is a whole number.
+    """
+    eqs = [(_num(a), op, _num(b), _num(c)) for a, op, b, c in _EQ.findall(candidate)]
+    ok = [(r := _apply(a, op, b)) is not None and math.isclose(r, c, rel_tol=1e-9, abs_tol=1e-9)
+          for a, op, b, c in eqs]
+    q = [float(x) for x in _NUMBER.findall(question.replace(",", ""))]
+    one_step = False
+    if answer is not None:
+        for i, a in enumerate(q):
+            for j, b in enumerate(q):
+                results = (_apply(a, op, b) for op in "+-*/")
+                if i != j and any(r is not None and math.isclose(r, answer, abs_tol=1e-9) for r in results):
+                    one_step = True
+                    break
+            if one_step:
+                break
+    return np.array([
+        float(bool(eqs)),
+        float(np.mean(ok)) if ok else 0.0,
+        float(bool(ok) and not all(ok)),
+        float(bool(eqs) and answer is not None and math.isclose(eqs[-1][3], answer, abs_tol=1e-9)),
+        float(one_step),
+        float(answer is not None and float(answer).is_integer()),
+    ], dtype=np.float32)
 
 
 def _bucket(token: str, dim: int) -> int:
@@ -48,12 +114,18 @@ class CandidateFeatures:
     """Feature map of (question, candidate, agent id) -> vector of length ``dim``."""
 
     N_FLAGS = 8
+    N_CALCULATION = 6
 
-    def __init__(self, n_agents: int, question_dim: int = 128, candidate_dim: int = 256):
+    def __init__(self, n_agents: int, question_dim: int = 128, candidate_dim: int = 256,
+                 kind: str = "calculation"):
         if n_agents < 1 or question_dim < 1 or candidate_dim < 1:
             raise ValueError("n_agents, question_dim and candidate_dim must be positive")
+        if kind not in FEATURE_KINDS:
+            raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
         self.n_agents, self.question_dim, self.candidate_dim = n_agents, question_dim, candidate_dim
-        self.dim = question_dim + candidate_dim + self.N_FLAGS + n_agents
+        self.kind = kind
+        n_flags = self.N_FLAGS + (self.N_CALCULATION if kind == "calculation" else 0)
+        self.dim = question_dim + candidate_dim + n_flags + n_agents
 
     def _bag(self, tokens: list[str], dim: int) -> np.ndarray:
         v = np.zeros(dim, dtype=np.float32)
@@ -81,6 +153,8 @@ class CandidateFeatures:
             math.log1p(len(candidate)) / 8.0,
             float(truncated),
         ], dtype=np.float32)
+        if self.kind == "calculation":
+            flags = np.concatenate([flags, calculation_flags(question, candidate, ans)])
         onehot = np.zeros(self.n_agents, dtype=np.float32)
         onehot[agent] = 1.0
         return np.concatenate(

@@ -22,6 +22,9 @@ functions below turn runs into the frames chapter 8 draws and tests:
 - :func:`group_signal`: per GRPO group (one prompt's m slates, one agent), whether any candidate
   was right and how large the advantages the run trained on were: under group scaling a
   group whose credits differ only by estimator noise moves as far as one with signal;
+- :func:`expected_advantage`: per completion, the advantage its credit gets on average over
+  the router's draws given the completions, standardised and centred: the bias that group
+  standardisation adds to an unbiased credit;
 - :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
   (truncation, agent-updates without a correct candidate, credit-free agent-updates,
   rollouts with no correct candidate at all, routing collapse at evaluation).
@@ -44,7 +47,7 @@ from .objective import ADVANTAGE_EPS, credit, group_advantages
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
-           "group_signal", "recording_summary",
+           "group_signal", "expected_advantage", "recording_summary", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -250,26 +253,52 @@ def eval_gains(run: Run, level: float = 0.95) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def compare_runs(a: Run, b: Run, level: float = 0.95) -> dict:
-    """Paired difference of two runs' deployed held-out correctness (``a - b``) on the same problems.
+MEASURES = ("deployed", "uniform", "best_of_k")
+"""Per-problem held-out measures of a pool (:func:`per_problem`): what the router deploys, and
+two that read the actors apart from the router."""
 
-    Refuses runs whose held-out problems may differ (task, data, data_seed, eval_problems).
+
+def per_problem(run: Run, measure: str = "deployed") -> np.ndarray:
+    """One held-out measure per problem from a run's eval.json.
+
+    - ``deployed``: the deployed answer is right (``correct``);
+    - ``uniform``: the share of agents right, i.e. the deployed reward under a uniform router;
+    - ``best_of_k``: some agent is right.
+    The last two come from ``agent_correct`` and do not depend on the router.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    e = run.eval
+    if e is None or "correct" not in e:
+        raise ValueError(f"{run.path}: eval.json has no per-problem lists (unfinished or an older recording)")
+    if measure == "deployed":
+        return np.asarray(e["correct"], dtype=float)
+    agents = np.asarray(e["agent_correct"], dtype=float)
+    return agents.mean(1) if measure == "uniform" else agents.max(1)
+
+
+def compare_runs(a: Run, b: Run, level: float = 0.95, measure: str = "deployed") -> dict:
+    """Paired difference of two runs' held-out ``measure`` (:func:`per_problem`; ``a - b``) on the
+    same problems. Refuses runs whose held-out problems may differ (task, data, data_seed,
+    eval_problems).
     """
     for key in ("task", "data_dir", "data_seed", "eval_problems"):
         if a.config.get(key) != b.config.get(key):
             raise ValueError(f"runs differ in config key {key!r}: their held-out problems are not paired")
     if a.eval is None or b.eval is None or "correct" not in a.eval or "correct" not in b.eval:
         raise ValueError("both runs need an eval.json with a per-problem 'correct' list")
-    return paired_difference(a.eval["correct"], b.eval["correct"], level)
+    return paired_difference(per_problem(a, measure), per_problem(b, measure), level)
 
 
 def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
-                       level: float = 0.95) -> pd.DataFrame:
+                       level: float = 0.95, measure: str = "deployed") -> pd.DataFrame:
     """Signal ``a`` against signal ``b``: held-out accuracy seed by seed, and over seeds.
 
     One row ``seed k`` per seed that both signals finished: their accuracies and the paired
     per-problem difference ``a - b`` with its t-interval (:func:`compare_runs`), plus each
-    run's paired gain over the frozen model (``gain_a``, ``gain_b``). A last row ``over seeds``
+    run's paired gain over the frozen model (``gain_a``, ``gain_b``; for ``measure`` other than
+    ``deployed``, the frozen model answers alone, so the gain is the measure against its single
+    answer). ``measure`` is one of :data:`MEASURES`. A last row ``over seeds``
     holds the means over seeds and, as ``low``/``high``, the t-interval of the per-seed
     differences, whose ``n`` is the number of seeds (NaN with one seed): a training seed
     changes the whole trajectory, so seeds, not problems, are the independent replicates.
@@ -279,12 +308,14 @@ def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
     if not seeds:
         raise ValueError(f"no seed with finished runs of both {a!r} and {b!r}")
     rows = {}
+    def gain(run: Run) -> float:
+        return float((per_problem(run, measure) - np.asarray(run.eval["base_correct"], float)).mean())
+
     for s in seeds:
-        d = compare_runs(by[a, s], by[b, s], level)
+        d = compare_runs(by[a, s], by[b, s], level, measure)
         rows[f"seed {s}"] = {a: d["mean_a"], b: d["mean_b"], "difference": d["mean"], "low": d["low"],
-                             "high": d["high"], "n": d["n"],
-                             f"gain_{a}": eval_gains(by[a, s]).loc["trained - frozen base", "mean"],
-                             f"gain_{b}": eval_gains(by[b, s]).loc["trained - frozen base", "mean"]}
+                             "high": d["high"], "n": d["n"], f"gain_{a}": gain(by[a, s]),
+                             f"gain_{b}": gain(by[b, s])}
     table = pd.DataFrame.from_dict(rows, orient="index")
     over = t_interval(table["difference"], level)
     rows["over seeds"] = {**table.mean().to_dict(), "low": over["low"], "high": over["high"], "n": len(seeds)}
@@ -364,6 +395,73 @@ def group_signal(run: Run) -> pd.DataFrame:
             "any_correct": np.repeat(R.max(axis=(1, 2)) > 0, K), "own_correct": (R.max(axis=1) > 0).ravel(),
             "score_std": S.std(axis=1, ddof=1).ravel(),
             "mean_abs_advantage": np.abs(A).mean(axis=1).ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def expected_advantage(run: Run, exact_limit: int = 20_000, draws: int = 4_000,
+                       seed: int = 0) -> pd.DataFrame:
+    """The advantage each completion's credit gets *on average over the router's draws*, given
+    the completions: ``E[A | completions]`` under both advantage scalings, on the logged slates.
+
+    Within one GRPO group (agent i, one prompt's m slates) the router draws I_g ~ p_g on each
+    slate independently, agent i's credit on slate g is its signal's value for that draw
+    (:func:`mcpg.grpo.objective.credit` with ``selected = j`` and ``reward = R^(j)``), and the
+    advantages are the m credits through :func:`mcpg.grpo.objective.group_advantages`. Their
+    expectation is summed over all K^m joint draws when K^m <= ``exact_limit`` (exact), else
+    estimated from ``draws`` joint draws (Monte Carlo, ``seed``).
+
+    Centred advantages are linear in the credits, so their expectation is the centred
+    *expected* credit; for ``removal`` that is the centred exact removal contribution
+    (Corollary 3), 0 in a group with no right candidate. Standardising divides by the group's
+    realised spread, which depends on the draws, so the expectation of a ratio is no longer
+    the ratio of expectations: in a group with no right candidate it is not 0 but follows
+    whatever the outcome model's term does with the draws. One row per (update, slate, agent):
+    ``prompt``, ``R``, ``p``, ``mu_hat``, ``any_correct`` (some candidate of the group's slates
+    is right), ``expected_credit``, ``expected_group`` (standardised, the run's
+    ``advantage_eps``), ``expected_none`` (centred), and ``exact`` (False: Monte Carlo).
+    """
+    if not run.slates:
+        raise ValueError(f"{run.path} holds no slates.jsonl")
+    if exact_limit < 1 or draws < 2:
+        raise ValueError("exact_limit must be >= 1 and draws >= 2")
+    m = int(run.config["completions_per_agent"])
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    rng = np.random.default_rng(seed)
+    frames = []
+    for row in run.slates:
+        R, p = np.asarray(row["R"], float), np.asarray(row["p"], float)
+        P, mu = np.asarray(row["P"], float), np.asarray(row["mu_hat"], float)
+        n, K = R.shape
+        if n % m:
+            raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
+        # c[g, j, i]: agent i's credit on slate g when candidate j is deployed
+        c = np.stack([credit(run.signal, np.full(n, j), R[:, j], p, P, mu, rewards_all=R)
+                      for j in range(K)], 1)
+        exact = K ** m <= exact_limit
+        if exact:
+            combos = np.array(np.meshgrid(*[np.arange(K)] * m, indexing="ij")).reshape(m, -1).T  # (C, m)
+        out = {key: np.zeros((n, K)) for key in ("group", "none")}
+        for b in range(n // m):
+            sl = slice(b * m, (b + 1) * m)
+            pb, cb = p[sl], c[sl]  # (m, K), (m, K draws, K agents)
+            if not exact:
+                u = rng.random((draws, m, 1))
+                combos = (u > np.cumsum(pb, 1)[None]).sum(-1).clip(max=K - 1)  # (draws, m)
+                w = np.full(len(combos), 1.0 / len(combos))
+            else:
+                w = np.prod(pb[np.arange(m)[None, :], combos], axis=1)  # probability of each joint draw
+            scores = cb[np.arange(m)[None, :], combos]  # (C, m, K agents)
+            for key in out:
+                A = group_advantages(scores, scale_rewards=key, eps=eps, axis=1)
+                out[key][sl] = np.tensordot(w, A, axes=(0, 0))
+        expected_credit = np.einsum("gj,gji->gi", p, c)
+        any_correct = np.repeat(R.reshape(n // m, m * K).max(1) > 0, m)
+        frames.append(pd.DataFrame({
+            "update": row["update"], "slate": np.repeat(np.arange(n), K),
+            "prompt": np.repeat(np.arange(n) // m, K),
+            "agent": np.tile(run.agents, n), "R": R.ravel(), "p": p.ravel(), "mu_hat": mu.ravel(),
+            "any_correct": np.repeat(any_correct, K), "expected_credit": expected_credit.ravel(),
+            "expected_group": out["group"].ravel(), "expected_none": out["none"].ravel(), "exact": exact}))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -84,6 +84,20 @@ key                             meaning
 ``correct``                     per problem: 1 if the deployed answer is right (paired tests)
 ``base_correct``                per problem: 1 if the frozen model is right
 ``agent_correct``               per problem: K ints, each agent's correctness
+``best_of_k``                   some agent right (the same number as ``oracle``; read beside
+                                ``agent_accuracy``: what the actors can do, apart from routing)
+``uniform_accuracy``            deployed accuracy under a uniform router: mean of ``agent_accuracy``
+``uniform_correct``             per problem: the share of agents right (its expectation per problem)
+``router_auc``                  ROC AUC of ``mu_hat`` for the candidates' rewards, all held-out
+                                candidates pooled (0.5: no information; None with one class)
+``router_auc_within``           the same over pairs (right, wrong) of one problem's candidates:
+                                what ranking within a slate, i.e. routing, needs
+``mu_hat``                      per problem: K floats, the outcome model's estimates
+``strict_accuracy``             deployed answer right by its ``#### n`` marker only (lm-eval's
+                                strict-match)
+``flexible_accuracy``           deployed answer right by markers, else its last number, cut or not
+                                (lm-eval's flexible-extract); ``accuracy`` is the committed answer's
+``truncated``                   share of the agents' held-out answers cut at ``eval_max_new_tokens``
 ``initial_accuracy``            ``accuracy`` of the untrained pool (eval.json only)
 ``initial_correct``             its per-problem list (paired with ``correct``)
 ``initial_agent_accuracy``      its per-agent accuracy
@@ -121,14 +135,15 @@ import numpy as np
 import torch
 
 from .. import routing
+from ..stats import roc_auc
 from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
-from .configs import resolve_config
-from .gsm8k import load_gsm8k, question_specialty, reward
+from .configs import resolve_config, saved_config
+from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
 from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
 from .router import CandidateFeatures, Router
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "within_slate_auc", "Engine"]
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
@@ -212,7 +227,9 @@ class Engine:
             gradient_checkpointing=cfg["gradient_checkpointing"],
             logprob_chunk=cfg["logprob_chunk"],
         )
-        self.features = CandidateFeatures(self.K, cfg["question_features"], cfg["candidate_features"])
+        self.features = CandidateFeatures(
+            self.K, cfg["question_features"], cfg["candidate_features"], kind=cfg["router_features"]
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.router = Router(
@@ -545,6 +562,22 @@ class Engine:
         self.step = int(state["step"])
 
 
+def within_slate_auc(mu_hat, R) -> float | None:
+    """The router's AUC within slates: over every pair (right, wrong) of candidates of the same
+    problem, the probability that the right one has the higher ``mu_hat`` (ties one half).
+    This is what routing needs: a slate is won by ranking its own candidates. ``mu_hat`` and
+    ``R`` have shape (problems, K); None when no slate mixes right and wrong answers."""
+    mu, R = np.asarray(mu_hat, dtype=float), np.asarray(R, dtype=float) > 0
+    if mu.shape != R.shape or mu.ndim != 2:
+        raise ValueError(f"mu_hat and R must both have shape (problems, K), got {mu.shape} and {R.shape}")
+    diff = mu[:, :, None] - mu[:, None, :]  # [b, right j, wrong l]
+    pair = R[:, :, None] & ~R[:, None, :]
+    n = int(pair.sum())
+    if n == 0:
+        return None
+    return float(((diff > 0) + 0.5 * (diff == 0))[pair].sum() / n)
+
+
 def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = None) -> dict:
     """Each agent answers each held-out problem greedily; the router deploys the top score.
 
@@ -593,6 +626,10 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
                 "entropy": float(routing.routing_entropy(rt["p"])),
                 "brier": float((rt["mu_hat"][d] - R[d]) ** 2),
                 "matched": spec_idx.get(question_specialty(prob["question"])),
+                "mu_hat": [float(x) for x in rt["mu_hat"]],
+                "truncated": trunc[:K],
+                "strict": is_correct(texts[d], prob["gold"], mode="strict"),
+                "flexible": is_correct(texts[d], prob["gold"], mode="flexible"),
             }
         )
     allp = dist.gather(per_problem)
@@ -601,6 +638,7 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     acc = float(Rm[np.arange(len(allp)), dep].mean())
     oracle = float(Rm.max(1).mean())
     spec = [int(x["deployed"] == x["matched"]) for x in allp if x["matched"] is not None]
+    mu = np.array([x["mu_hat"] for x in allp], dtype=float)
     return {
         "accuracy": acc,
         "entropy": _mean([x["entropy"] for x in allp]),
@@ -616,6 +654,15 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         "correct": [int(r) for r in Rm[np.arange(len(allp)), dep]],
         "base_correct": [int(x["base"]) for x in allp] if with_base else base["base_correct"],
         "agent_correct": Rm.astype(int).tolist(),
+        "best_of_k": oracle,
+        "uniform_accuracy": float(Rm.mean()),
+        "uniform_correct": Rm.mean(1).tolist(),
+        "router_auc": roc_auc(mu, Rm),
+        "router_auc_within": within_slate_auc(mu, Rm),
+        "mu_hat": mu.tolist(),
+        "strict_accuracy": _mean([x["strict"] for x in allp]),
+        "flexible_accuracy": _mean([x["flexible"] for x in allp]),
+        "truncated": _mean([t for x in allp for t in x["truncated"]]),
     }
 
 
@@ -668,7 +715,7 @@ def train(
             raise ValueError(f"signal {signal!r} differs from the run's signal {saved['signal']!r}")
         if overrides:
             raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
-        cfg = resolve_config(saved["config"])
+        cfg = saved_config(saved["config"])
         if updates is not None:
             cfg = cfg.replace(updates=int(updates))
     else:
@@ -773,7 +820,7 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
     if not (run / "config.json").exists():
         raise ValueError(f"run {run} has no config.json")
     saved = json.loads((run / "config.json").read_text())
-    cfg = resolve_config(saved["config"])
+    cfg = saved_config(saved["config"])
     engine = Engine(cfg, saved["signal"], load_train=False)
     if (run / "adapters").is_dir() and (run / "router.safetensors").exists():
         engine.pool.load_adapters(run / "adapters")
