@@ -57,7 +57,7 @@ def test_removal_entries_are_not_all_gradient_correct_on_a_routed_pool():
     pool = M.random_routed_pool(np.random.default_rng(1), K=3, tau=0.5, eps=0.1)
     table = signals.corollary1_table(pool)
     assert table[table.S == "∅"]["rem_entry_error"].min() > 1e-3
-    # ... while the leave-one-out removal entry (S = N \ {i}) is (Corollary 3)
+    # ... while the leave-one-out removal entry (S = N \ {i}) is (Corollary 2)
     full = table[table.S.str.count(",") == 1]
     assert full["rem_entry_error"].max() < TOL
 
