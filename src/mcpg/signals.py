@@ -94,8 +94,8 @@ def q_ret(S: int) -> RetentionBaseline:
     return RetentionBaseline(S)
 
 
-NO_BASELINE = 0.0
-"""The constant baseline 0: the signal G - B is the raw reward G."""
+NO_BASELINE: float = 0.0
+"""The constant 0 as a baseline, so that the signal G - B is the raw reward G."""
 
 Baseline = Union[float, RetentionBaseline, Table, Sequence[Union[float, RetentionBaseline, Table]]]
 
