@@ -57,7 +57,7 @@ def test_removal_entries_are_not_all_gradient_correct_on_a_routed_pool():
     pool = M.random_routed_pool(np.random.default_rng(1), K=3, tau=0.5, eps=0.1)
     table = signals.corollary1_table(pool)
     assert table[table.S == "∅"]["rem_entry_error"].min() > 1e-3
-    # ... while the leave-one-out removal entry (S = N \ {i}) is (Corollary 3)
+    # ... while the leave-one-out removal entry (S = N \ {i}) is (Corollary 2)
     full = table[table.S.str.count(",") == 1]
     assert full["rem_entry_error"].max() < TOL
 
@@ -221,7 +221,7 @@ def test_estimator_variance_monte_carlo_covers_the_exact_value():
     rng = np.random.default_rng(7)
     pool = M.random_routed_pool(rng, K=3, tau=0.5, eps=0.1)
     s = pool.sample(100_000, rng)
-    for B in (0, [0b110, 0b101, 0b011]):
+    for B in (signals.q_ret(0), [signals.q_ret(S) for S in (0b110, 0b101, 0b011)]):
         exact = signals.exact_estimator_variance(pool, B)
         var, se = signals.estimator_variance(pool, s, B)
         assert np.all(np.abs(var - exact) <= 5 * se)
@@ -229,9 +229,9 @@ def test_estimator_variance_monte_carlo_covers_the_exact_value():
 
 def test_a_good_baseline_lowers_the_estimator_variance_here():
     pool = M.random_routed_pool(np.random.default_rng(8), K=3, tau=0.3, noise="fixed", logit_scale=2.0)
-    none = signals.exact_estimator_variance(pool, 0.0)            # a float: no baseline
-    prompt = signals.exact_estimator_variance(pool, 0)            # an int: q^ret(∅) = E[G | H]
-    others = signals.exact_estimator_variance(pool, [0b110, 0b101, 0b011])
+    none = signals.exact_estimator_variance(pool, signals.NO_BASELINE)
+    prompt = signals.exact_estimator_variance(pool, signals.q_ret(0))   # q^ret(∅) = E[G | H]
+    others = signals.exact_estimator_variance(pool, [signals.q_ret(S) for S in (0b110, 0b101, 0b011)])
     assert np.all(others < prompt) and np.all(prompt < none)
 
 
@@ -243,13 +243,46 @@ def test_baseline_estimate_covers_the_lemma1_targets():
     s = pool.sample(100_000, rng)
     grad = M.system_gradient(pool)
     own = [pool.candidate_values()[..., i] for i in range(3)]
-    for B, shift in ((0.0, None), ([0b110, 0b101, 0b011], None), (own, signals.baseline_bias(pool, own))):
+    others = [signals.q_ret(S) for S in (0b110, 0b101, 0b011)]
+    for B, shift in ((signals.NO_BASELINE, None), (others, None), (own, signals.baseline_bias(pool, own))):
         for i, (m, se) in enumerate(signals.baseline_estimate(pool, s, B)):
             target = grad[i] if shift is None else grad[i] - shift[i]
             assert np.all(np.abs(m - target) <= 5 * se)
     # and the invalid baseline's estimate is far from the gradient
     m, se = signals.baseline_estimate(pool, s, own)[2]
     assert np.abs(m - grad[2]).max() > 20 * se.max()
+
+
+# --- the spellings of a baseline --------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(small_systems(), st.data())
+def test_q_ret_is_the_retention_value_and_no_baseline_is_the_raw_reward(system, data):
+    """q_ret(S) is E[G | H, A^(S)] (Eq. 8), NO_BASELINE the constant 0: checked through the
+    variance, whose second moment E[(G - B)^2 | H, A] reads the table cell by cell."""
+    K = system.n_agents
+    S = data.draw(st.integers(0, (1 << K) - 1))
+    table = M.retention_value(system, S).numpy()
+    (from_q,) = {tuple(t.ravel()) for t in signals.baseline_tables(system, signals.q_ret(S))}
+    np.testing.assert_array_equal(np.array(from_q), table.ravel())
+    np.testing.assert_allclose(signals.exact_estimator_variance(system, signals.q_ret(S)),
+                               signals.exact_estimator_variance(system, table), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(signals.exact_estimator_variance(system, signals.NO_BASELINE),
+                               signals.exact_estimator_variance(system, np.zeros(system.joint_shape)),
+                               rtol=1e-12, atol=1e-14)
+    for b in signals.baseline_bias(system, signals.NO_BASELINE):
+        assert not b.any()
+
+
+def test_the_two_readings_of_a_bare_zero_differ_so_a_bare_int_is_refused():
+    """The trap the explicit spellings remove: E[G | H] and no baseline give different variances."""
+    pool = M.random_routed_pool(np.random.default_rng(8), K=3, tau=0.3, noise="fixed", logit_scale=2.0)
+    none = signals.exact_estimator_variance(pool, signals.NO_BASELINE)
+    prompt = signals.exact_estimator_variance(pool, signals.q_ret(0))
+    assert np.all(np.abs(none - prompt) > 1e-3)
+    with pytest.raises(ValueError, match=r"q_ret\(0\).*NO_BASELINE"):
+        signals.exact_estimator_variance(pool, 0)
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -262,18 +295,25 @@ POOL = M.random_routed_pool(np.random.default_rng(0), K=2, n_prompts=1, n_action
     "call, name",
     [
         (lambda: signals.baseline_bias(POOL, np.zeros((3, 3))), "B"),
-        (lambda: signals.baseline_bias(POOL, [0, 1, 2]), "B"),
-        (lambda: signals.baseline_bias(POOL, 7), "B"),
-        (lambda: signals.is_valid_baseline(POOL, 2, 0), "i"),
-        (lambda: signals.is_valid_baseline(POOL, 0, 0, atol=-1.0), "atol"),
+        (lambda: signals.baseline_bias(POOL, [0.0, 0.0, 0.0]), "B"),
+        (lambda: signals.baseline_bias(POOL, signals.q_ret(7)), "B"),
+        (lambda: signals.baseline_bias(POOL, 0), "ambiguous"),
+        (lambda: signals.baseline_bias(POOL, [signals.q_ret(0), 1]), "ambiguous"),
+        (lambda: signals.signal_bias(POOL, np.int64(0)), "ambiguous"),
+        (lambda: signals.q_ret(-1), "S"),
+        (lambda: signals.q_ret(True), "S"),
+        (lambda: signals.is_valid_baseline(POOL, 2, signals.q_ret(0)), "i"),
+        (lambda: signals.is_valid_baseline(POOL, 0, signals.q_ret(0), atol=-1.0), "atol"),
         (lambda: signals.conditional_expectation(POOL, np.full(POOL.joint_shape, np.nan), 0), "X"),
         (lambda: signals.retention_entry(POOL, 0, 1), "S"),
         (lambda: signals.removal_entry(POOL, 0, 4), "S"),
         (lambda: signals.variance_by_conditioning_set(POOL, [1, 2]), "chain"),
         (lambda: signals.variance_by_conditioning_set(POOL, []), "chain"),
         (lambda: signals.corollary1_table(POOL, ["only one"]), "agent_names"),
-        (lambda: signals.estimator_variance(POOL, POOL.sample(1, np.random.default_rng(0)), 0), "samples"),
-        (lambda: signals.estimator_variance(POOL, POOL.sample(5, np.random.default_rng(0)), [0]), "baseline"),
+        (lambda: signals.estimator_variance(POOL, POOL.sample(1, np.random.default_rng(0)), 0.0), "samples"),
+        (lambda: signals.estimator_variance(POOL, POOL.sample(5, np.random.default_rng(0)), [0.0]),
+         "baseline"),
+        (lambda: signals.estimator_variance(POOL, POOL.sample(5, np.random.default_rng(0)), 0), "ambiguous"),
     ],
 )
 def test_bad_input_names_the_argument(call, name):

@@ -23,6 +23,7 @@ __all__ = [
     "additive_game",
     "best_scalar_contributions",
     "contribution_field",
+    "group",
     "interaction_spread",
     "is_additive",
     "mask_to_set",
@@ -69,6 +70,20 @@ def set_to_mask(agents: Iterable[int]) -> int:
         if int(i) < 0:
             raise ValueError("agents must be non-negative indices")
         mask |= 1 << int(i)
+    return mask
+
+
+def group(*numbers: int) -> int:
+    """The bitmask of the agents numbered ``numbers`` as in the paper's text, from 1.
+
+    The text numbers agents 1, ..., K; bitmasks (and code) count from 0, so agent k is bit
+    k - 1: ``group(2) == 0b010``, ``group(1, 3) == 0b101`` and ``group() == 0`` (∅).
+    """
+    mask = 0
+    for k in numbers:
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"agent numbers start at 1, got {k!r}")
+        mask |= 1 << (int(k) - 1)
     return mask
 
 

@@ -20,14 +20,22 @@ pipeline the history H_l of agent i's layer holds the outputs of the earlier lay
 (``system.history_agents(i)``), so a layer background S of Corollary 1 is conditioned on
 together with those: the conditioning set is ``history_mask(system, i) | S``.
 
-A baseline or signal may be given as a joint table (numpy array or torch tensor that
-broadcasts to ``system.joint_shape``: a function of the prompt and every action; a float is
-a constant), as an int S (meaning q^ret(S) = E[G | H, A^(S)], so ``0`` is E[G | H] while
-``0.0`` is no baseline), or as a list of K such objects, one per agent.
+A baseline or signal is spelled in one of three ways, or as a list of K of them, one per
+agent:
+
+- ``q_ret(S)``: the retention value q^ret(S) = E[G | H, A^(S)] of Eq. (8), so ``q_ret(0)``
+  is E[G | H];
+- :data:`NO_BASELINE` (or any float c): the constant c, so that G - B is the raw reward;
+- a joint table (numpy array or torch tensor that broadcasts to ``system.joint_shape``: a
+  function of the prompt and every action).
+
+A bare int is refused with an error that names these spellings: ``0`` could mean E[G | H]
+or "no baseline", and the two give different variances.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence, Union
 
 import numpy as np
@@ -39,6 +47,9 @@ from ._checks import as_float_array
 from .mechanisms import Samples, System
 
 __all__ = [
+    "NO_BASELINE",
+    "RetentionBaseline",
+    "q_ret",
     "history_mask",
     "layer_backgrounds",
     "all_cells",
@@ -59,7 +70,34 @@ __all__ = [
 ]
 
 Table = Union[np.ndarray, torch.Tensor]
-Baseline = Union[int, Table, Sequence[Union[int, Table]]]
+
+
+@dataclass(frozen=True)
+class RetentionBaseline:
+    """The retention value q^ret(S) = E[G | H, A^(S)] (Eq. 8) used as a baseline or signal.
+
+    Build it with :func:`q_ret`. ``S`` is a bitmask over all agents of the system (bit k set
+    = the agent numbered k + 1 in the text is in S).
+    """
+
+    S: int
+
+    def __post_init__(self):
+        S = self.S
+        if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 0:
+            raise ValueError(f"S must be a non-negative bitmask, got {S!r}")
+        object.__setattr__(self, "S", int(S))
+
+
+def q_ret(S: int) -> RetentionBaseline:
+    """The baseline q^ret(S) = E[G | H, A^(S)] (Eq. 8); ``q_ret(0)`` is E[G | H]."""
+    return RetentionBaseline(S)
+
+
+NO_BASELINE: float = 0.0
+"""The constant 0 as a baseline, so that the signal G - B is the raw reward G."""
+
+Baseline = Union[float, RetentionBaseline, Table, Sequence[Union[float, RetentionBaseline, Table]]]
 
 
 # --- groups ----------------------------------------------------------------------------
@@ -156,14 +194,19 @@ def conditional_expectation(system: System, X, S: int) -> np.ndarray:
 def baseline_tables(system: System, B: Baseline, name: str = "B") -> list[np.ndarray]:
     """One joint table per agent from a baseline argument (see the module docstring).
 
-    An int S becomes q^ret(S) = E[G | H, A^(S)]; a table is shared by every agent; a list
-    gives agent i its i-th entry. Returns K arrays of the joint shape.
+    ``q_ret(S)`` becomes q^ret(S) = E[G | H, A^(S)]; a float or a table is shared by every
+    agent; a list gives agent i its i-th entry. A bare int raises ValueError (is ``0``
+    E[G | H] or no baseline?). Returns K arrays of the joint shape.
     """
     K = system.n_agents
 
     def one(b, nm):
-        if isinstance(b, (int, np.integer)) and not isinstance(b, bool):
-            return mechanisms.retention_value(system, _check_group(system, b, nm)).numpy()
+        if isinstance(b, RetentionBaseline):
+            return mechanisms.retention_value(system, _check_group(system, b.S, nm)).numpy()
+        if isinstance(b, (bool, int, np.integer)):
+            raise ValueError(
+                f"{nm}={b!r} is ambiguous: write q_ret({b!r}) for q^ret(S) = E[G | H, A^(S)] "
+                f"(q_ret(0) is E[G | H]), or NO_BASELINE or a float for a constant")
         return _joint(system, b, nm)
 
     if isinstance(B, (list, tuple)):
@@ -217,8 +260,8 @@ def is_valid_baseline(system: System, i: int, B: Baseline, atol: float = 1e-10) 
 def signal_bias(system: System, X: Baseline) -> list[np.ndarray]:
     """E[Ψ_i X_i] - ∇_θi J_sys for every agent: zero exactly when X_i is gradient-correct.
 
-    ``X`` as for baselines; an int S means the signal q^ret(S), rarely what you want, so
-    pass the joint table G - q^ret(S) (or a field entry) for a signal.
+    ``X`` as for baselines; ``q_ret(S)`` means the signal q^ret(S), rarely what you want,
+    so pass the joint table G - q^ret(S) (or a field entry) for a signal.
     """
     tables = baseline_tables(system, X, "X")
     grads = mechanisms.system_gradient(system)
@@ -400,7 +443,7 @@ def estimator_variance(system: System, samples: Samples, baseline: Baseline) -> 
     """Monte Carlo variance of Ψ_i (G - B_i) from draws, summed over θ_i's coordinates.
 
     The per-draw terms t_n = Ψ_i(draw n) (G_n - B_i(H_n, A_n)) use the drawn rewards G_n and
-    the baseline's value at each draw (an int S means q^ret(S)). Returns per agent the
+    the baseline's value at each draw (``q_ret(S)`` means q^ret(S)). Returns per agent the
     sample total variance mean‖t_n - t̄‖² and its standard error std(‖t_n - t̄‖²)/√n,
     each of shape (K,). Compare with :func:`exact_estimator_variance`.
     """
