@@ -164,12 +164,15 @@ def test_rerun_slates_draws_from_the_reduced_slate(K, tau, eps, seed):
     s, g = rng.normal(size=K), rng.uniform(size=K)
     present = rng.random(K) < 0.6
     n = 40_000
-    G = R.rerun_slates(s, g, np.broadcast_to(present, (n, K)), rng, tau, eps)
+    G = R.rerun_slates(s, g, present, rng, tau, eps, n=n)
+    assert G.shape == (n,)
     if not present.any():
         assert (G == 0).all()
         return
-    exact = R.router_propensities(s[present], tau, eps) @ g[present]
-    assert abs(G.mean() - exact) <= 5 * G.std() / np.sqrt(n) + 1e-12  # 5 standard errors
+    p_T = R.router_propensities(s[present], tau, eps)
+    exact = p_T @ g[present]
+    sd = np.sqrt(p_T @ (g[present] - exact) ** 2)  # the draw's exact standard deviation
+    assert abs(G.mean() - exact) <= 5 * sd / np.sqrt(n) + 1e-12  # 5 standard errors
     assert np.isin(G, g[present]).all()  # only present candidates are ever deployed
 
 
@@ -186,6 +189,12 @@ def test_rerun_slates_fails_a_wrong_slate_and_draws_bernoulli():
     B = R.rerun_slates(s, g, np.broadcast_to([True, True, False], (n, 3)), rng, 0.5, 0.1, noise="bernoulli")
     assert set(np.unique(B)) <= {0.0, 1.0}
     assert abs(B.mean() - right) < 5 * B.std() / np.sqrt(n)
+    # n draws of each of two slates at once: the same law as n broadcast single draws
+    both = R.rerun_slates(s, g, [[True, True, False], [False, False, True]], rng, 0.5, 0.1, n=n)
+    assert both.shape == (n, 2) and (both[:, 1] == g[2]).all()
+    assert abs(both[:, 0].mean() - right) < 5 * se
+    with pytest.raises(ValueError, match="n must"):
+        R.rerun_slates(s, g, [True, True, True], rng, n=0)
     with pytest.raises(ValueError, match="noise"):
         R.rerun_slates(s, g, [True, True, True], rng, noise="gaussian")
     with pytest.raises(ValueError, match="broadcast"):

@@ -165,7 +165,7 @@ def sample_selection(p, rng: np.random.Generator) -> np.ndarray:
 
 
 def rerun_slates(scores, g, present, rng: np.random.Generator, tau: float = 1.0, eps: float = 0.0,
-                 noise: str = "fixed") -> np.ndarray:
+                 noise: str = "fixed", n: int | None = None) -> np.ndarray:
     """One rerun of each reduced slate: a draw of G_T, the reward of an exact evaluation (§7).
 
     The router of Eq. (3) runs on the candidates with ``present`` True only (the others are
@@ -180,7 +180,8 @@ def rerun_slates(scores, g, present, rng: np.random.Generator, tau: float = 1.0,
         g: candidate values g_j, shape (..., K).
         present: booleans, shape (..., K): the candidates of the slate T to rerun.
         rng: a numpy Generator; every batch entry gets its own independent draw.
-    Returns G of the broadcast batch shape.
+        n: if given, n independent reruns of every slate (the propensities are computed once).
+    Returns G of the broadcast batch shape, with a leading axis of length n if n is given.
     """
     s, g_ = as_float_array(scores, "scores"), as_float_array(g, "g")
     keep = np.asarray(present, dtype=bool)
@@ -193,10 +194,18 @@ def rerun_slates(scores, g, present, rng: np.random.Generator, tau: float = 1.0,
         raise ValueError("scores must have the K candidates on a non-empty last axis")
     if noise not in ("fixed", "bernoulli"):
         raise ValueError(f"noise must be 'fixed' or 'bernoulli', got {noise!r}")
+    if n is not None and (int(n) != n or n < 1):
+        raise ValueError(f"n must be a positive integer, got {n}")
     empty = ~keep.any(axis=-1)
     # an empty slate deploys nothing; give it a placeholder slate so that Eq. (3) is defined
     p = router_propensities(np.where(keep | empty[..., None], s, -np.inf), tau, eps)
-    sel = sample_selection(p, rng)
+    if n is not None:
+        cdf = np.cumsum(p, axis=-1)
+        u = rng.random((int(n),) + p.shape[:-1] + (1,))
+        sel = np.minimum((u > cdf).sum(axis=-1), p.shape[-1] - 1)
+        g_ = np.broadcast_to(g_, (int(n),) + g_.shape)
+    else:
+        sel = sample_selection(p, rng)
     g_sel = np.take_along_axis(g_, sel[..., None], axis=-1)[..., 0]
     if noise == "bernoulli":
         if ((g_ < 0) | (g_ > 1)).any():
