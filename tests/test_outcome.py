@@ -352,3 +352,52 @@ def test_in_sample_outcome_model_biases_eq19_and_cross_fitting_does_not():
             assert (np.abs(m) > h).any()
         else:
             assert (np.abs(m) < h).all()
+
+
+@SETTINGS
+@given(st.integers(2, 4), st.floats(0.2, 3), st.floats(0.01, 0.9), st.floats(-3, 3),
+       st.integers(0, 2**31 - 1))
+def test_reward_aware_feedback_breaks_17_and_eq19_with_p_given_h_a(K, tau, eps, bonus, seed):
+    """A judge that sees the rewards: the outcomes are a distribution, P(I = j | H, A) keeps
+    overlap, E[R^(j) | I = j] moves with the bonus, and Eq. (19) with the propensities given
+    (H, A) estimates sum_j w_ij E[R^(j) | H, A, I = j], whatever mu_hat is; with the router's
+    own propensities (given the rewards it saw) it is unbiased for E[G - G^{-i}_route | H, A]."""
+    rng = np.random.default_rng(seed)
+    g, s, mu = rng.uniform(0.05, 0.95, size=K), rng.normal(size=K), rng.uniform(size=K)
+    fb = oc.enumerate_reward_aware_feedback(g, s, bonus, tau, eps)
+    prob, sel, G = fb["prob"], fb["selected"], fb["reward"]
+    assert prob.shape == (2**K * K,) and np.isclose(prob.sum(), 1.0) and (prob >= 0).all()
+    assert (G == fb["rewards"][np.arange(len(G)), sel]).all()
+    onehot = sel[:, None] == np.arange(K)
+    p_HA = prob @ onehot
+    np.testing.assert_allclose(p_HA, prob @ fb["p"], atol=1e-12)
+    assert (p_HA >= eps / K - 1e-12).all()
+    P_HA = np.einsum("o,oij->ij", prob, fb["P"])
+    g_sel = (prob @ (onehot * fb["rewards"])) / p_HA  # E[R^(j) | H, A, I = j]
+    truth = prob @ np.einsum("oij,oj->oi", fb["p"][:, None, :] - fb["P"], fb["rewards"])
+    est = routing.dr_removal_contributions(sel, G, np.tile(p_HA, (len(G), 1)), np.tile(P_HA, (len(G), 1, 1)),
+                                           np.tile(mu, (len(G), 1)))
+    np.testing.assert_allclose(prob @ est, (p_HA[None, :] - P_HA) @ g_sel, atol=1e-10)
+    own = routing.dr_removal_contributions(sel, G, fb["p"], fb["P"], np.tile(mu, (len(G), 1)))
+    np.testing.assert_allclose(prob @ own, truth, atol=1e-10)
+    if abs(bonus) < 1e-9:  # no peeking: (17) holds and the propensities given (H, A) suffice
+        np.testing.assert_allclose(g_sel, g, atol=1e-10)
+        np.testing.assert_allclose(prob @ est, truth, atol=1e-10)
+    elif abs(bonus) > 0.5 and eps < 0.9:  # the judge favours right answers (bonus > 0) or wrong ones
+        assert (np.sign(bonus) * (g_sel - g) > 0).all()
+
+
+def test_reward_aware_feedback_bias_is_visible():
+    """At a fixed slate the bias of Eq. (19) with P(I = j | H, A) is far from 0 (the check can fail)."""
+    g, s = np.array([0.3, 0.6, 0.5]), np.array([0.2, 0.0, -0.1])
+    fb = oc.enumerate_reward_aware_feedback(g, s, 2.0, 0.5, 0.1)
+    prob, sel = fb["prob"], fb["selected"]
+    p_HA = prob @ (sel[:, None] == np.arange(3))
+    P_HA = np.einsum("o,oij->ij", prob, fb["P"])
+    n = len(sel)
+    est = routing.dr_removal_contributions(sel, fb["reward"], np.tile(p_HA, (n, 1)), np.tile(P_HA, (n, 1, 1)),
+                                           np.full((n, 3), 0.5))
+    truth = prob @ np.einsum("oij,oj->oi", fb["p"][:, None, :] - fb["P"], fb["rewards"])
+    assert np.abs(prob @ est - truth).max() > 0.05
+    with pytest.raises(ValueError, match="g"):
+        oc.enumerate_reward_aware_feedback([1.5, 0.2], [0.0, 0.0], 1.0)

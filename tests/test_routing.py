@@ -153,3 +153,49 @@ def test_leave_one_out_one_candidate_is_the_empty_slate():
     assert P.shape == (2, 1, 1) and not P.any()
     p = R.router_propensities(s, 1.0, 0.1)
     np.testing.assert_allclose(R.removal_contributions([[0.7], [0.2]], p, P), [[0.7], [0.2]])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.floats(0.2, 3), st.floats(0, 1), st.integers(0, 2**31 - 1))
+def test_rerun_slates_draws_from_the_reduced_slate(K, tau, eps, seed):
+    """A rerun deploys from the router of Eq. (3) on the present candidates only: its mean is
+    sum_j p_j g_j on the physically reduced array (an independent path), 0 for the empty slate."""
+    rng = np.random.default_rng(seed)
+    s, g = rng.normal(size=K), rng.uniform(size=K)
+    present = rng.random(K) < 0.6
+    n = 40_000
+    G = R.rerun_slates(s, g, present, rng, tau, eps, n=n)
+    assert G.shape == (n,)
+    if not present.any():
+        assert (G == 0).all()
+        return
+    p_T = R.router_propensities(s[present], tau, eps)
+    exact = p_T @ g[present]
+    sd = np.sqrt(p_T @ (g[present] - exact) ** 2)  # the draw's exact standard deviation
+    assert abs(G.mean() - exact) <= 5 * sd / np.sqrt(n) + 1e-12  # 5 standard errors
+    assert np.isin(G, g[present]).all()  # only present candidates are ever deployed
+
+
+def test_rerun_slates_fails_a_wrong_slate_and_draws_bernoulli():
+    rng = np.random.default_rng(3)
+    s, g = np.array([0.0, 1.0, 2.0]), np.array([0.9, 0.5, 0.1])
+    n = 100_000
+    G = R.rerun_slates(s, g, np.broadcast_to([True, True, False], (n, 3)), rng, 0.5, 0.1)
+    right = R.router_propensities(s[:2], 0.5, 0.1) @ g[:2]
+    # the -inf shortcut's value on the full slate is far from the reduced slate's: the test can fail
+    wrong = R.router_propensities(s, 0.5, 0.1) @ g
+    se = G.std() / np.sqrt(n)
+    assert abs(G.mean() - right) < 5 * se < abs(G.mean() - wrong)
+    B = R.rerun_slates(s, g, np.broadcast_to([True, True, False], (n, 3)), rng, 0.5, 0.1, noise="bernoulli")
+    assert set(np.unique(B)) <= {0.0, 1.0}
+    assert abs(B.mean() - right) < 5 * B.std() / np.sqrt(n)
+    # n draws of each of two slates at once: the same law as n broadcast single draws
+    both = R.rerun_slates(s, g, [[True, True, False], [False, False, True]], rng, 0.5, 0.1, n=n)
+    assert both.shape == (n, 2) and (both[:, 1] == g[2]).all()
+    assert abs(both[:, 0].mean() - right) < 5 * se
+    with pytest.raises(ValueError, match="n must"):
+        R.rerun_slates(s, g, [True, True, True], rng, n=0)
+    with pytest.raises(ValueError, match="noise"):
+        R.rerun_slates(s, g, [True, True, True], rng, noise="gaussian")
+    with pytest.raises(ValueError, match="broadcast"):
+        R.rerun_slates(s, g, [True, False], rng)

@@ -42,6 +42,7 @@ __all__ = [
     "cell_targets",
     "candidate_table",
     "enumerate_feedback",
+    "enumerate_reward_aware_feedback",
     "draw_feedback",
     "dr_removal_moments",
     "wta_moments",
@@ -426,6 +427,58 @@ def enumerate_feedback(g, p, noise: str = "bernoulli") -> tuple[np.ndarray, np.n
     reward = np.concatenate([np.zeros((K,) + batch), np.ones((K,) + batch)])
     prob = np.concatenate([pj * (1 - gj), pj * gj])
     return selected, reward, prob
+
+
+def enumerate_reward_aware_feedback(g, scores, bonus: float, tau: float = 1.0,
+                                    eps: float = 0.0) -> dict[str, np.ndarray]:
+    """Every outcome of a slate whose router sees the reward noise: condition (17) fails.
+
+    Rewards are Bernoulli, R^(j) ~ Bernoulli(g_j) independently given (H, A), and the judge
+    scores candidate j as ``s_j + bonus * R^(j)``: it reads the realised reward, not only the
+    candidate. The router of Eq. (3) then draws I, and G = R^(I). With bonus != 0 and
+    0 < g_j < 1, E[R^(j) | H, A, I = j] differs from g_j, which is what (17) forbids.
+
+    The outcomes are the pairs (R^(1:K), I), O = 2^K K of them. Summing ``prob * x`` over the
+    leading axis is the exact E[x | H, A] for any x of the outcome, e.g.:
+
+    - the propensities given (H, A), P(I = j | H, A): the sum of ``prob * p``;
+    - the leave-one-out ones, P(I^{-i} = j | H, A): the sum of ``prob * P``;
+    - the removal contribution E[G - G^{-i}_route | H, A] (the reduced slate's router sees
+      the same rewards): the sum of ``prob * (sum_j (p_j - P_ij) rewards_j)``.
+
+    Args:
+        g: g_j = E[R^(j) | H, A^(j)] in [0, 1], shape (..., K).
+        scores: the judge's scores s(H, A^(j)) before it sees the rewards, shape (..., K).
+        bonus: what a reward of 1 adds to a candidate's score.
+        tau, eps: the router's temperature and exploration (Eq. 3).
+    Returns a dict of arrays: ``selected`` and ``reward`` (I and G) and ``prob`` (the
+    outcome's probability given (H, A)), each of shape (O, ...); ``rewards`` (every R^(j)),
+    ``p`` (the router's propensities given (H, A) and the rewards), each (O, ..., K); and
+    ``P`` (the leave-one-out propensities given them), (O, ..., K, K).
+    """
+    g, s = as_float_array(g, "g"), as_float_array(scores, "scores")
+    check_same_shape(g, s, "g", "scores")
+    if g.ndim == 0 or g.shape[-1] == 0:
+        raise ValueError("g must hold the K candidates on a non-empty last axis")
+    if ((g < 0) | (g > 1)).any():
+        raise ValueError("g must lie in [0, 1] for Bernoulli rewards")
+    if not np.isfinite(bonus):
+        raise ValueError(f"bonus must be finite, got {bonus}")
+    K, batch = g.shape[-1], g.shape[:-1]
+    R = ((np.arange(2**K)[:, None] >> np.arange(K)) & 1).astype(float)  # (2^K, K)
+    Rb = R.reshape((2**K,) + (1,) * len(batch) + (K,))
+    prob_R = np.prod(np.where(Rb == 1.0, g, 1.0 - g), axis=-1)  # (2^K, ...)
+    p_R = routing.router_propensities(s + bonus * Rb, tau, eps)  # (2^K, ..., K)
+    P_R = routing.leave_one_out_propensities(s + bonus * Rb, tau, eps)
+    # outcome (r, j) at index r * K + j: rewards r, deployed candidate j
+    rewards = np.repeat(np.broadcast_to(Rb, (2**K,) + g.shape), K, axis=0)
+    sel = np.broadcast_to(np.tile(np.arange(K), 2**K).reshape((-1,) + (1,) * len(batch)),
+                          (2**K * K,) + batch)
+    prob = (prob_R[..., None] * p_R).reshape((2**K,) + batch + (K,))
+    prob = np.moveaxis(prob, -1, 1).reshape((2**K * K,) + batch)
+    reward = np.take_along_axis(rewards, sel[..., None], axis=-1)[..., 0]
+    return {"selected": sel.copy(), "reward": reward, "prob": prob, "rewards": rewards,
+            "p": np.repeat(p_R, K, axis=0), "P": np.repeat(P_R, K, axis=0)}
 
 
 def draw_feedback(

@@ -22,6 +22,7 @@ __all__ = [
     "winner_take_all_scores",
     "routing_entropy",
     "sample_selection",
+    "rerun_slates",
     "ipw_outcome_loss",
 ]
 
@@ -161,6 +162,56 @@ def sample_selection(p, rng: np.random.Generator) -> np.ndarray:
     u = rng.random(p.shape[:-1] + (1,))
     cdf = np.cumsum(p, axis=-1)
     return np.minimum((u > cdf).sum(axis=-1), p.shape[-1] - 1)
+
+
+def rerun_slates(scores, g, present, rng: np.random.Generator, tau: float = 1.0, eps: float = 0.0,
+                 noise: str = "fixed", n: int | None = None) -> np.ndarray:
+    """One rerun of each reduced slate: a draw of G_T, the reward of an exact evaluation (§7).
+
+    The router of Eq. (3) runs on the candidates with ``present`` True only (the others are
+    removed from the slate, so exploration is spread over |T| candidates) and deploys I. The
+    rerun's reward is g_I with ``noise="fixed"`` (a reward that is a function of the candidate,
+    like a checked answer) or a fresh Bernoulli(g_I) draw with ``"bernoulli"``. A slate with no
+    candidate deploys nothing: G = 0. An exact evaluation of the removal entry (i, S) is
+    ``Y = G_{S+i} - G_S`` from two independent calls.
+
+    Args:
+        scores: router scores s(H, A^(j)), shape (..., K).
+        g: candidate values g_j, shape (..., K).
+        present: booleans, shape (..., K): the candidates of the slate T to rerun.
+        rng: a numpy Generator; every batch entry gets its own independent draw.
+        n: if given, n independent reruns of every slate (the propensities are computed once).
+    Returns G of the broadcast batch shape, with a leading axis of length n if n is given.
+    """
+    s, g_ = as_float_array(scores, "scores"), as_float_array(g, "g")
+    keep = np.asarray(present, dtype=bool)
+    try:
+        s, g_, keep = np.broadcast_arrays(s, g_, keep)
+    except ValueError:
+        raise ValueError(f"scores, g and present must broadcast together, got shapes {s.shape}, "
+                         f"{g_.shape}, {keep.shape}") from None
+    if s.ndim == 0 or s.shape[-1] == 0:
+        raise ValueError("scores must have the K candidates on a non-empty last axis")
+    if noise not in ("fixed", "bernoulli"):
+        raise ValueError(f"noise must be 'fixed' or 'bernoulli', got {noise!r}")
+    if n is not None and (int(n) != n or n < 1):
+        raise ValueError(f"n must be a positive integer, got {n}")
+    empty = ~keep.any(axis=-1)
+    # an empty slate deploys nothing; give it a placeholder slate so that Eq. (3) is defined
+    p = router_propensities(np.where(keep | empty[..., None], s, -np.inf), tau, eps)
+    if n is not None:
+        cdf = np.cumsum(p, axis=-1)
+        u = rng.random((int(n),) + p.shape[:-1] + (1,))
+        sel = np.minimum((u > cdf).sum(axis=-1), p.shape[-1] - 1)
+        g_ = np.broadcast_to(g_, (int(n),) + g_.shape)
+    else:
+        sel = sample_selection(p, rng)
+    g_sel = np.take_along_axis(g_, sel[..., None], axis=-1)[..., 0]
+    if noise == "bernoulli":
+        if ((g_ < 0) | (g_ > 1)).any():
+            raise ValueError("g must lie in [0, 1] for Bernoulli rewards")
+        g_sel = (rng.random(g_sel.shape) < g_sel).astype(float)
+    return np.where(empty, 0.0, g_sel)
 
 
 def _one_hot(selected, K: int, batch_shape: tuple) -> np.ndarray:
