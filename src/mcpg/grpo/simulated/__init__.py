@@ -104,7 +104,7 @@ from .pool import (
     initial_logits,
     router_beliefs,
 )
-from .probes import advantage_probe, score_spread
+from .probes import advantage_probe, expected_advantages, rollout_diagnostics, score_spread
 
 __all__ = [
     "METHODS",
@@ -138,4 +138,6 @@ __all__ = [
     "profile_table",
     "advantage_probe",
     "score_spread",
+    "expected_advantages",
+    "rollout_diagnostics",
 ]
