@@ -599,3 +599,33 @@ def test_auc_matches_pairwise_definition():
     direct = wins / (len(pos) * len(neg))
     np.testing.assert_allclose(_auc(s, y), direct, atol=1e-12)
     assert _auc(-s, y) < 0.5 < _auc(s, y)
+
+
+def test_reversal_record_round_trip(tmp_path):
+    """scripts/ch07_reversal.py's record of a run, read back by load_reversal, pairs by seed."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch07_reversal.py"
+    spec = importlib.util.spec_from_file_location("ch07_reversal", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cell = {"agents": "default", "unsolvable": 0.4, "check_flip": 0.2}
+    assert script.config(cell, "none").unsolvable == 0.4
+    assert script.config({**cell, "agents": "weak"}, "group").n_answers == 6
+    cfg = replace(SHORT, unsolvable=0.4)
+    runs = {m: sim.train_pool(cfg, m, [3, 4, 5]) for m in ("wta", "removal")}
+    results = [{"cell": cell, "scale_rewards": "group", "method": m, **script._record(r)}
+               for m, r in runs.items()]
+    out = tmp_path / "reversal.json"
+    out.write_text(json.dumps({"command": "x", "seeds": [3, 4, 5], "results": results}))
+    meta, frame, diag = sim.load_reversal(out)
+    assert meta["command"] == "x" and len(frame) == 6 and len(diag) == 12
+    wide = frame.pivot(index="seed", columns="method", values="accuracy")
+    iv = sim.paired_difference(runs, "removal", "wta")
+    assert np.mean(wide["removal"] - wide["wta"]) == pytest.approx(iv.mean)
+    last = diag[(diag.checkpoint == "last") & (diag.method == "removal")].set_index("seed")
+    direct = sim.rollout_diagnostics(runs["removal"], checkpoint=-1, prompts=64).set_index("seed")
+    np.testing.assert_allclose(last.loc[[3, 4, 5], "no_right"], direct["no_right"])
+    np.testing.assert_allclose(last.loc[[3, 4, 5], "auc"], direct["auc"])

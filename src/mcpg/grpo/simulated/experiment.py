@@ -22,6 +22,7 @@ __all__ = [
     "plot_curves",
     "load_grid",
     "grid_differences",
+    "load_reversal",
 ]
 
 
@@ -191,3 +192,31 @@ def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float 
             }
         )
     return pd.DataFrame(rows)
+
+
+def load_reversal(path):
+    """Read the reversal grid written by ``scripts/ch07_reversal.py``.
+
+    Returns ``(meta, frame, diagnostics)``: ``meta`` holds the command, commit, date, machine,
+    seeds and cells; ``frame`` is long, one row per (cell, scaling, method, seed), with the
+    cell's keys (``agents``, ``unsolvable``, ``check_flip``), ``scale_rewards``, ``method``,
+    ``seed`` and every stored final metric; ``diagnostics`` likewise, one row per (cell,
+    scaling, method, checkpoint, seed), with the columns of
+    :func:`~mcpg.grpo.simulated.rollout_diagnostics` and ``checkpoint`` ("middle" or "last").
+    """
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    rows, diag = [], []
+    for r in data["results"]:
+        head = {**r["cell"], "scale_rewards": r["scale_rewards"], "method": r["method"]}
+        for si, seed in enumerate(r["seeds"]):
+            rows.append({**head, "seed": seed, **{k: v[si] for k, v in r["final"].items()}})
+            for name, d in r.get("diagnostics", {}).items():
+                diag.append({**head, "checkpoint": name, "update": d["update"], "seed": seed,
+                             **{k: v[si] for k, v in d.items() if k != "update"}})
+    meta = {k: v for k, v in data.items() if k != "results"}
+    return meta, pd.DataFrame(rows), pd.DataFrame(diag)
