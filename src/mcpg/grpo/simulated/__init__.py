@@ -105,7 +105,13 @@ from .pool import (
     initial_logits,
     router_beliefs,
 )
-from .probes import advantage_probe, expected_advantages, rollout_diagnostics, score_spread
+from .probes import (
+    advantage_probe,
+    expected_advantages,
+    group_diagnostics,
+    rollout_diagnostics,
+    score_spread,
+)
 
 __all__ = [
     "METHODS",
@@ -141,5 +147,6 @@ __all__ = [
     "advantage_probe",
     "score_spread",
     "expected_advantages",
+    "group_diagnostics",
     "rollout_diagnostics",
 ]

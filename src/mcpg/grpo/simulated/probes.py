@@ -21,7 +21,13 @@ from .pool import (
     draw_questions,
 )
 
-__all__ = ["advantage_probe", "score_spread", "expected_advantages", "rollout_diagnostics"]
+__all__ = [
+    "advantage_probe",
+    "score_spread",
+    "expected_advantages",
+    "group_diagnostics",
+    "rollout_diagnostics",
+]
 
 
 def _probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Generator, weights, agent: int):
@@ -160,7 +166,8 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
         scale_rewards, eps: as :func:`~mcpg.grpo.objective.group_advantages`.
 
     Returns:
-        ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4).
+        ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4; 6561 for
+        chapter 8's m = 8).
     """
     p = np.asarray(p, dtype=float)
     R = np.asarray(rewards_all, dtype=float)
@@ -172,20 +179,29 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
             f"got {p.shape}, {mu.shape}, {R.shape}, {P.shape}"
         )
     m, K = p.shape[-2:]
-    if K**m > 4096:
+    if K**m > 100_000:
         raise ValueError(f"K^m = {K**m} joint draws is too many to enumerate")
     batch = p.shape[:-2]
-    combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m)
-    n = len(combos)
-    I = np.broadcast_to(combos.reshape((n,) + (1,) * len(batch) + (m,)), (n, *batch, m))  # noqa: E741
-    Rb = np.broadcast_to(R, (n, *R.shape))
-    pb = np.broadcast_to(p, (n, *p.shape))
-    G = np.take_along_axis(Rb, I[..., None], -1)[..., 0]
-    scores = credit(signal, I, G, pb, np.broadcast_to(P, (n, *P.shape)), np.broadcast_to(mu, (n, *mu.shape)),
-                    rewards_all=Rb)
-    A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
-    weight = np.take_along_axis(pb, I[..., None], -1)[..., 0].prod(-1)  # (n, ...)
-    return (weight[..., None, None] * A).sum(0)
+    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (p, P, mu, R)]
+    n_groups = flat[0].shape[0]
+    # table[b, g, j, i]: agent i's credit on slate g of group b if the router draws j there
+    # (a slate's credit depends on its own draw only)
+    table = np.stack([
+        credit(signal, np.full(flat[0].shape[:-1], j), flat[3][..., j], flat[0], flat[1], flat[2],
+               rewards_all=flat[3])
+        for j in range(K)
+    ], axis=-2)
+    combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m): one draw per slate
+    slate = np.arange(m)
+    out = np.empty((n_groups, m, K))
+    chunk = max(1, 2_000_000 // (len(combos) * m * K))
+    for lo in range(0, n_groups, chunk):
+        t = table[lo:lo + chunk]  # (b, m, K draws, K agents)
+        scores = t[:, slate, combos]  # (b, K^m, m, K agents)
+        A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
+        weight = flat[0][lo:lo + chunk][:, slate, combos].prod(-1)  # (b, K^m)
+        out[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
+    return out.reshape(p.shape)
 
 
 def _auc(score: np.ndarray, label: np.ndarray) -> float:
@@ -203,6 +219,45 @@ def _auc(score: np.ndarray, label: np.ndarray) -> float:
     return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
+def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> dict:
+    """The removal signal's GRPO groups, summarised: what chapter 8 measured on its LLM slates.
+
+    Args: routed slates grouped as ``(..., m, K)`` (one prompt's m slates on axis -2):
+    propensities ``p``, leave-one-out ``P`` ``(..., m, K, K)``, outcome model ``mu_hat``
+    and every candidate's reward ``rewards_all``.
+
+    Returns a dict:
+
+    - ``no_right``: the share of groups with no right candidate on any slate;
+    - ``auc``: the ROC AUC of ``mu_hat`` for right against wrong candidates;
+    - ``abs_ea_group``, ``abs_ea_none``: the mean over completions of ``|E[A | completions]|``
+      (:func:`expected_advantages`) for the removal signal of Eq. (19), standardised and centred;
+    - ``abs_ea_group_no_right``, ``abs_ea_none_no_right``: the same over the groups with no
+      right candidate (centred it is 0 there: Corollary 3);
+    - ``corr_p``, ``corr_mu``: over those groups' completions, the correlation of the
+      standardised ``E[A | completions]`` with the completion's propensity and with ``mu_hat``.
+    """
+    p = np.asarray(p, dtype=float)
+    mu = np.asarray(mu_hat, dtype=float)
+    R = np.asarray(rewards_all, dtype=float)
+    ea = {sc: expected_advantages("removal", p, P, mu, R, sc, eps=eps) for sc in ("group", "none")}
+    none_right = R.max(axis=(-2, -1)) == 0
+    sel = np.broadcast_to(none_right[..., None, None], R.shape)
+    x = ea["group"][sel]
+
+    def corr(y):
+        return float(np.corrcoef(x, y[sel])[0, 1]) if x.size > 2 and x.std() > 0 else np.nan
+
+    return {
+        "no_right": float(none_right.mean()), "auc": _auc(mu, R),
+        "abs_ea_group": float(np.abs(ea["group"]).mean()),
+        "abs_ea_none": float(np.abs(ea["none"]).mean()),
+        "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
+        "abs_ea_none_no_right": float(np.abs(ea["none"][sel]).mean()) if x.size else np.nan,
+        "corr_p": corr(p), "corr_mu": corr(mu),
+    }
+
+
 @_one_thread
 def rollout_diagnostics(run, checkpoint: int = -1, prompts: int = 64, stream: int = 4):
     """What the LLM slates of chapter 8 were measured on, for a trained simulated pool.
@@ -210,16 +265,7 @@ def rollout_diagnostics(run, checkpoint: int = -1, prompts: int = 64, stream: in
     For each seed of ``run`` (a :class:`~mcpg.grpo.simulated.SimRun`), the pool at
     ``checkpoint`` (its policies and router) rolls out ``prompts`` fresh questions as in
     training (m sampled answers per agent; generator ``[seed, stream, checkpoint index]``),
-    and one row per seed reports:
-
-    - ``no_right``: the share of groups (one prompt's m slates) with no right candidate;
-    - ``auc``: the ROC AUC of the outcome model ``mu_hat`` for right against wrong candidates;
-    - ``abs_ea_group``, ``abs_ea_none``: the mean over completions of ``|E[A | completions]|``
-      (:func:`expected_advantages`) for the removal signal of Eq. (19), standardised and centred;
-    - ``abs_ea_group_no_right``, ``abs_ea_none_no_right``: the same over the groups with no
-      right candidate (centred it is 0 there: Corollary 3);
-    - ``corr_p``, ``corr_mu``: over those groups' completions, the correlation of the
-      standardised ``E[A | completions]`` with the completion's propensity and with ``mu_hat``.
+    and one row per seed reports :func:`group_diagnostics` of the removal signal on it.
     """
     import pandas as pd
 
@@ -242,21 +288,6 @@ def rollout_diagnostics(run, checkpoint: int = -1, prompts: int = 64, stream: in
         p = routing.router_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
         P = routing.leave_one_out_propensities(s, tau=cfg.router_tau, eps=cfg.router_eps)
         mu = 1.0 / (1.0 + np.exp(-s))
-        ea = {sc: expected_advantages("removal", p, P, mu, R, sc, eps=cfg.advantage_eps)
-              for sc in ("group", "none")}
-        none_right = R.max(axis=(1, 2)) == 0  # (B,)
-        sel = np.broadcast_to(none_right[:, None, None], R.shape)
-        x = ea["group"][sel]
-
-        def corr(y):
-            return float(np.corrcoef(x, y[sel])[0, 1]) if x.size > 2 and x.std() > 0 else np.nan
-
-        rows.append({
-            "seed": seed, "update": int(run.updates[ci]), "no_right": float(none_right.mean()),
-            "auc": _auc(mu, R), "abs_ea_group": float(np.abs(ea["group"]).mean()),
-            "abs_ea_none": float(np.abs(ea["none"]).mean()),
-            "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
-            "abs_ea_none_no_right": float(np.abs(ea["none"][sel]).mean()) if x.size else np.nan,
-            "corr_p": corr(p), "corr_mu": corr(mu),
-        })
+        rows.append({"seed": seed, "update": int(run.updates[ci]),
+                     **group_diagnostics(p, P, mu, R, eps=cfg.advantage_eps)})
     return pd.DataFrame(rows)
