@@ -622,9 +622,11 @@ def test_reversal_record_round_trip(tmp_path):
     out.write_text(json.dumps({"command": "x", "seeds": [3, 4, 5], "results": results}))
     meta, frame, diag = sim.load_reversal(out)
     assert meta["command"] == "x" and len(frame) == 6 and len(diag) == 12
-    wide = frame.pivot(index="seed", columns="method", values="accuracy")
     iv = sim.paired_difference(runs, "removal", "wta")
-    assert np.mean(wide["removal"] - wide["wta"]) == pytest.approx(iv.mean)
+    d = sim.grid_differences(frame, "removal", "wta", by=["agents", "unsolvable", "check_flip"])
+    assert len(d) == 1 and d["unsolvable"].iloc[0] == 0.4
+    assert d["mean"].iloc[0] == pytest.approx(iv.mean)
+    assert d["half_width"].iloc[0] == pytest.approx(iv.half_width)
     last = diag[(diag.checkpoint == "last") & (diag.method == "removal")].set_index("seed")
     direct = sim.rollout_diagnostics(runs["removal"], checkpoint=-1, prompts=64).set_index("seed")
     np.testing.assert_allclose(last.loc[[3, 4, 5], "no_right"], direct["no_right"])
