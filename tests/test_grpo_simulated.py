@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcpg import routing
 from mcpg.grpo import simulated as sim
+from mcpg.grpo.objective import group_advantages, route_and_credit
+from mcpg.grpo.simulated.probes import _auc
 
 matplotlib.use("Agg")
 
@@ -392,6 +395,8 @@ def test_sampled_evaluation_and_zero_std_metrics():
     ({"prompts_per_update": 2.5}, "prompts_per_update"),
     ({"init_noise": float("nan")}, "init_noise"),
     ({"scale_rewards": "batchwise"}, "scale_rewards"),
+    ({"unsolvable": 1.0}, "unsolvable"),
+    ({"unsolvable": -0.1}, "unsolvable"),
 ])
 def test_bad_config(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -465,3 +470,164 @@ def test_load_grid_and_paired_differences(tmp_path):
     assert d["half_width"].iloc[0] == pytest.approx(iv.half_width)
     with pytest.raises(ValueError, match="not in the grid"):
         sim.grid_differences(frame, "oracle", "wta")
+
+
+# --------------------------------------------------------------------------- unsolvable questions
+HARD = replace(CFG, unsolvable=0.4)
+
+
+def test_unsolvable_zero_leaves_the_draws_unchanged_and_a_share_has_no_right_answer():
+    a = sim.draw_questions(CFG, 500, np.random.default_rng(3))
+    b = sim.draw_questions(replace(CFG, unsolvable=0.0), 500, np.random.default_rng(3))
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    n = 60_000
+    types, z, checks = sim.draw_questions(HARD, n, np.random.default_rng(4))
+    hard = z == HARD.n_answers
+    se = np.sqrt(0.4 * 0.6 / n)
+    assert abs(hard.mean() - 0.4) < 5 * se
+    # Z | type, solvable, still follows answer_probs; an unsolvable question's checks flip 0s
+    for t in range(HARD.n_types):
+        sel = (types == t) & ~hard
+        for a_, q in enumerate(HARD.answer_probs[t]):
+            assert abs((z[sel] == a_).mean() - q) < 5 * np.sqrt(q * (1 - q) / sel.sum())
+    f = checks[hard].mean()
+    assert abs(f - HARD.check_flip) < 5 * np.sqrt(0.2 * 0.8 / checks[hard].size)
+
+
+def test_calibrated_router_with_unsolvable_questions_is_the_posterior_by_monte_carlo():
+    """sigmoid(score) = P(R = 1 | type, answer, check), estimated from draws of the environment."""
+    n = 200_000
+    types, z, checks = sim.draw_questions(HARD, n, np.random.default_rng(5))
+    w = sim.calibrated_router(HARD)
+    for t in range(HARD.n_types):
+        for a in range(HARD.n_answers):
+            for c in (0, 1):
+                sel = (types == t) & (checks[:, a] == c)
+                emp = (z[sel] == a).mean()
+                ans, chk = np.array([[a] * 3]), np.array([[c] * 3])
+                x = sim.candidate_features(HARD, np.array([t]), ans, chk).numpy()
+                mu = 1 / (1 + np.exp(-(x[0, 0] @ w)))
+                assert abs(mu - emp) < 5 * np.sqrt(emp * (1 - emp) / sel.sum()) + 1e-3
+    # the default router is not the posterior here (a perturbed input that must fail)
+    x = sim.candidate_features(HARD, np.array([1]), np.array([[0] * 3]), np.array([[1] * 3])).numpy()
+    sel = (types == 1) & (checks[:, 0] == 1)
+    wrong = 1 / (1 + np.exp(-(x[0, 0] @ sim.calibrated_router(CFG))))
+    assert abs(wrong - (z[sel] == 0).mean()) > 0.05
+
+
+def test_exact_pool_with_unsolvable_questions():
+    """All agents on answer a: J = (1 - u) q_t(a); the exact pool sums to one."""
+    w = sim.calibrated_router(HARD)
+    for t in range(HARD.n_types):
+        for a in range(HARD.n_answers):
+            theta = np.zeros((3, 3, 3))
+            theta[:, t, a] = 60.0
+            pool, z = sim.exact_pool(HARD, theta, w, t)
+            np.testing.assert_allclose(pool.prompt_probs.sum(), 1.0)
+            assert (z == HARD.n_answers).any()
+            J_t = float(pool.reward_mean().numpy().ravel() @ pool.joint_prob().detach().numpy().ravel())
+            np.testing.assert_allclose(J_t, 0.6 * CFG.answer_probs[t][a], atol=1e-12)
+
+
+def test_training_with_unsolvable_questions_caps_accuracy():
+    run = sim.train_pool(replace(SHORT, unsolvable=0.5, eval_questions=400), "removal", [0, 1])
+    for k in ("oracle", "accuracy"):
+        assert (run.metrics[k] <= 0.5 + 5 * np.sqrt(0.25 / 400)).all()
+    cov = run.metrics["coverage"]
+    assert (cov <= 0.5 + 1e-12).all() and (cov > 0).all()
+
+
+# --------------------------------------------------------------------------- E[A | completions]
+def _random_slates(rng, shape, K=3):
+    s = rng.normal(size=shape + (K,))
+    p = routing.router_propensities(s, tau=0.5, eps=0.1)
+    P = routing.leave_one_out_propensities(s, tau=0.5, eps=0.1)
+    mu = 1 / (1 + np.exp(-s))
+    return p, P, mu
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10_000), m=st.integers(2, 4))
+def test_expected_advantages_centred_removal_is_the_centred_oracle(seed, m):
+    """Centred advantages are linear, and Eq. (19) is unbiased given the slate (Corollary 3)."""
+    rng = np.random.default_rng(seed)
+    p, P, mu = _random_slates(rng, (5, m))
+    R = (rng.random((5, m, 3)) < 0.4).astype(float)
+    ea = sim.expected_advantages("removal", p, P, mu, R, "none")
+    oracle = group_advantages(routing.removal_contributions(R, p, P), "none")
+    np.testing.assert_allclose(ea, oracle, atol=1e-12)
+    # the oracle does not depend on the draw, so its expectation is itself, standardised too
+    np.testing.assert_allclose(
+        sim.expected_advantages("oracle", p, P, mu, R, "group"),
+        group_advantages(routing.removal_contributions(R, p, P), "group"), atol=1e-12)
+
+
+def test_expected_advantages_matches_monte_carlo_and_is_biased_when_standardised():
+    rng = np.random.default_rng(7)
+    p, P, mu = _random_slates(rng, (4, 4))
+    R = np.zeros((4, 4, 3))  # no right candidate in any group: every exact contribution is 0
+    ea = sim.expected_advantages("removal", p, P, mu, R, "group")
+    n = 40_000
+    draws = route_and_credit("removal", np.broadcast_to(p, (n, 4, 4, 3)), np.broadcast_to(P, (n, 4, 4, 3, 3)),
+                             np.broadcast_to(mu, (n, 4, 4, 3)), np.zeros((n, 4, 4, 3)),
+                             np.random.default_rng(8), scale_rewards="group").advantages
+    mc, se = draws.mean(0), draws.std(0) / np.sqrt(n)
+    assert (np.abs(mc - ea) < 5 * se + 1e-9).all()
+    assert np.abs(ea).mean() > 0.05  # standardisation: not zero although every contribution is
+    np.testing.assert_allclose(sim.expected_advantages("removal", p, P, mu, R, "none"), 0.0, atol=1e-12)
+
+
+def test_rollout_diagnostics_on_trained_pools():
+    run = sim.train_pool(replace(SHORT, unsolvable=0.5), "removal", [0, 1])
+    d = sim.rollout_diagnostics(run, prompts=200)
+    assert list(d["seed"]) == [0, 1]
+    assert ((d["no_right"] >= 0.45) & (d["no_right"] <= 1)).all()
+    assert ((d["auc"] >= 0) & (d["auc"] <= 1)).all()
+    # centred, the removal signal's expectation in groups with no right candidate is 0
+    assert (d["abs_ea_none_no_right"] < 1e-12).all() and (d["abs_ea_group_no_right"] > 0).all()
+    easy = sim.rollout_diagnostics(sim.train_pool(SHORT, "removal", [0, 1]), prompts=200)
+    assert (easy["no_right"] < d["no_right"]).all()
+
+
+def test_auc_matches_pairwise_definition():
+    rng = np.random.default_rng(9)
+    s = np.round(rng.normal(size=300), 1)  # with ties
+    y = rng.random(300) < 1 / (1 + np.exp(-s))
+    pos, neg = s[y], s[~y]
+    wins = (pos[:, None] > neg[None]).sum() + 0.5 * (pos[:, None] == neg[None]).sum()
+    direct = wins / (len(pos) * len(neg))
+    np.testing.assert_allclose(_auc(s, y), direct, atol=1e-12)
+    assert _auc(-s, y) < 0.5 < _auc(s, y)
+
+
+def test_reversal_record_round_trip(tmp_path):
+    """scripts/ch07_reversal.py's record of a run, read back by load_reversal, pairs by seed."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch07_reversal.py"
+    spec = importlib.util.spec_from_file_location("ch07_reversal", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cell = {"agents": "default", "unsolvable": 0.4, "check_flip": 0.2}
+    assert script.config(cell, "none").unsolvable == 0.4
+    assert script.config({**cell, "agents": "weak"}, "group").n_answers == 6
+    cfg = replace(SHORT, unsolvable=0.4)
+    runs = {m: sim.train_pool(cfg, m, [3, 4, 5]) for m in ("wta", "removal")}
+    results = [{"cell": cell, "scale_rewards": "group", "method": m, **script._record(r)}
+               for m, r in runs.items()]
+    out = tmp_path / "reversal.json"
+    out.write_text(json.dumps({"command": "x", "seeds": [3, 4, 5], "results": results}))
+    meta, frame, diag = sim.load_reversal(out)
+    assert meta["command"] == "x" and len(frame) == 6 and len(diag) == 12
+    iv = sim.paired_difference(runs, "removal", "wta")
+    d = sim.grid_differences(frame, "removal", "wta", by=["agents", "unsolvable", "check_flip"])
+    assert len(d) == 1 and d["unsolvable"].iloc[0] == 0.4
+    assert d["mean"].iloc[0] == pytest.approx(iv.mean)
+    assert d["half_width"].iloc[0] == pytest.approx(iv.half_width)
+    last = diag[(diag.checkpoint == "last") & (diag.method == "removal")].set_index("seed")
+    direct = sim.rollout_diagnostics(runs["removal"], checkpoint=-1, prompts=64).set_index("seed")
+    np.testing.assert_allclose(last.loc[[3, 4, 5], "no_right"], direct["no_right"])
+    np.testing.assert_allclose(last.loc[[3, 4, 5], "auc"], direct["auc"])

@@ -87,6 +87,7 @@ from .experiment import (
     compare_methods,
     grid_differences,
     load_grid,
+    load_reversal,
     paired_difference,
     plot_curves,
     summary_table,
@@ -104,7 +105,13 @@ from .pool import (
     initial_logits,
     router_beliefs,
 )
-from .probes import advantage_probe, score_spread
+from .probes import (
+    advantage_probe,
+    expected_advantages,
+    group_diagnostics,
+    rollout_diagnostics,
+    score_spread,
+)
 
 __all__ = [
     "METHODS",
@@ -125,6 +132,7 @@ __all__ = [
     "GRID_AXES",
     "load_grid",
     "grid_differences",
+    "load_reversal",
     "summary_table",
     "paired_difference",
     "plot_curves",
@@ -138,4 +146,7 @@ __all__ = [
     "profile_table",
     "advantage_probe",
     "score_spread",
+    "expected_advantages",
+    "group_diagnostics",
+    "rollout_diagnostics",
 ]

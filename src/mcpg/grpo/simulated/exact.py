@@ -35,7 +35,8 @@ def exact_pool(cfg: SimConfig, logits, weights, type_index: int) -> tuple[Routed
 
     A prompt is ``H = (Z, flips)``: the hidden correct answer and the M check flips, with
     probability ``q_t(Z) f^{#flips} (1 - f)^{M - #flips}`` (answers with ``q_t(Z) = 0`` are
-    left out). Agent k's logits are ``logits[k, type_index]`` at every prompt (agents see
+    left out; with ``cfg.unsolvable > 0`` also ``Z = M``, no candidate right, with
+    probability ``unsolvable``). Agent k's logits are ``logits[k, type_index]`` at every prompt (agents see
     only the type); ``g_j(H, a) = 1{a = Z}``; the router's score of agent k answering a is
     ``weights . candidate_features(t, a, k, check(H, a))``, with ``cfg``'s tau and eps.
 
@@ -63,7 +64,8 @@ def exact_pool(cfg: SimConfig, logits, weights, type_index: int) -> tuple[Routed
         or not 0 <= type_index < T
     ):
         raise ValueError(f"type_index must be an integer in [0, {T}), got {type_index!r}")
-    q = np.asarray(cfg.answer_probs[type_index], dtype=float)
+    # P(Z = a), a < M, and (with cfg.unsolvable > 0) Z = M: no candidate right
+    q = np.append(cfg.solvable_answer_probs()[type_index], cfg.unsolvable)
     f = cfg.check_flip
     flips = (np.arange(2**M)[:, None] >> np.arange(M)) & 1  # (2^M, M)
     p_flip = np.prod(np.where(flips == 1, f, 1 - f), axis=1)

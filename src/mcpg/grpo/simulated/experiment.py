@@ -22,6 +22,7 @@ __all__ = [
     "plot_curves",
     "load_grid",
     "grid_differences",
+    "load_reversal",
 ]
 
 
@@ -161,28 +162,31 @@ def load_grid(path):
     return meta, pd.DataFrame(rows)
 
 
-def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float = 0.95):
+def grid_differences(
+    frame, a: str, b: str, key: str = "accuracy", level: float = 0.95, by: Sequence[str] | None = None
+):
     """Paired (by seed) differences ``key(a) - key(b)`` in every (cell, scaling) of a grid frame.
 
-    Returns one row per cell and scaling with ``GRID_AXES``, ``scale_rewards``, ``mean``,
+    A cell is a combination of the columns ``by`` (default ``GRID_AXES``; for the reversal grid
+    of :func:`load_reversal`, e.g. ``("agents", "unsolvable", "check_flip")``).
+    Returns one row per cell and scaling with the columns of ``by``, ``scale_rewards``, ``mean``,
     ``half_width`` (Student-t, :func:`mcpg.stats.paired_difference`), ``n``, ``low``, ``high``.
     """
     import pandas as pd
 
+    by = list(GRID_AXES if by is None else by)
     for m in (a, b):
         if m not in set(frame["method"]):
             raise ValueError(f"method {m!r} not in the grid")
     rows = []
-    for keys, g in frame[frame["method"].isin([a, b])].groupby(
-        list(GRID_AXES) + ["scale_rewards"], sort=False
-    ):
+    for keys, g in frame[frame["method"].isin([a, b])].groupby(by + ["scale_rewards"], sort=False):
         wide = g.pivot(index="seed", columns="method", values=key)
         if a not in wide or b not in wide:
             continue
         iv = stats.paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), level=level)
         rows.append(
             {
-                **dict(zip(list(GRID_AXES) + ["scale_rewards"], keys)),
+                **dict(zip(by + ["scale_rewards"], keys)),
                 "mean": iv.mean,
                 "half_width": iv.half_width,
                 "n": iv.n,
@@ -191,3 +195,31 @@ def grid_differences(frame, a: str, b: str, key: str = "accuracy", level: float 
             }
         )
     return pd.DataFrame(rows)
+
+
+def load_reversal(path):
+    """Read the reversal grid written by ``scripts/ch07_reversal.py``.
+
+    Returns ``(meta, frame, diagnostics)``: ``meta`` holds the command, commit, date, machine,
+    seeds and cells; ``frame`` is long, one row per (cell, scaling, method, seed), with the
+    cell's keys (``agents``, ``unsolvable``, ``check_flip``), ``scale_rewards``, ``method``,
+    ``seed`` and every stored final metric; ``diagnostics`` likewise, one row per (cell,
+    scaling, method, checkpoint, seed), with the columns of
+    :func:`~mcpg.grpo.simulated.rollout_diagnostics` and ``checkpoint`` ("middle" or "last").
+    """
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    rows, diag = [], []
+    for r in data["results"]:
+        head = {**r["cell"], "scale_rewards": r["scale_rewards"], "method": r["method"]}
+        for si, seed in enumerate(r["seeds"]):
+            rows.append({**head, "seed": seed, **{k: v[si] for k, v in r["final"].items()}})
+            for name, d in r.get("diagnostics", {}).items():
+                diag.append({**head, "checkpoint": name, "update": d["update"], "seed": seed,
+                             **{k: v[si] for k, v in d.items() if k != "update"}})
+    meta = {k: v for k, v in data.items() if k != "results"}
+    return meta, pd.DataFrame(rows), pd.DataFrame(diag)

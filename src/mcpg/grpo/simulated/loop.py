@@ -110,7 +110,8 @@ def policy_overlap(policies, type_probs) -> np.ndarray:
 
 def policy_coverage(policies, answer_probs, type_probs) -> np.ndarray:
     """The chance that some agent's sampled answer is right:
-    ``sum_t w_t sum_a q_t(a) (1 - prod_k (1 - pi_k(a | t)))``.
+    ``sum_t w_t sum_a q_t(a) (1 - prod_k (1 - pi_k(a | t)))``. (With unsolvable questions,
+    pass :meth:`SimConfig.solvable_answer_probs`, whose rows sum to less than 1.)
 
     The sampled-slate counterpart of oracle accuracy; shape (...,).
     """
@@ -205,7 +206,7 @@ def _evaluate(cfg: SimConfig, theta: torch.Tensor, weights: torch.Tensor, eval_s
     out_s, _, _ = _slate_metrics(cfg, sampled, types, z, checks, weights)
     out.update({f"sampled_{k}": v for k, v in out_s.items()})
     out["overlap"] = policy_overlap(pi, cfg.type_distribution())
-    out["coverage"] = policy_coverage(pi, cfg.answer_probs, cfg.type_distribution())
+    out["coverage"] = policy_coverage(pi, cfg.solvable_answer_probs(), cfg.type_distribution())
     # per type: deployed accuracy, oracle accuracy, number of distinct greedy answers
     dep = np.argmax(s, -1)
     R_dep = np.take_along_axis(correct, dep[..., None], -1)[..., 0]

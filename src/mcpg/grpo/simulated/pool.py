@@ -55,6 +55,11 @@ class SimConfig:
         type_probs: (T,) frequencies of the types; None: uniform.
         type_names: T labels (figures and tables only).
         check_flip: probability that the router's check of a candidate is wrong, in [0, 0.5].
+        unsolvable: share of questions, in [0, 1), whose correct answer is none of the M
+            candidates (``Z = M``): every agent is wrong on them, every check is pure noise,
+            and nothing the router reads tells them apart (a harder task, or weaker agents,
+            with the LLM's share of groups that hold no right candidate). 0: every question
+            has its answer among the candidates (the default; the draws are then unchanged).
         candidate_blind: the router reads (type, agent) only, never the candidate.
         base_scale: every agent starts from the same base policy, with logits
             ``base_scale * log(answer_probs)``: at 1 it samples each answer as often as it is
@@ -84,6 +89,7 @@ class SimConfig:
     type_probs: tuple[float, ...] | None = None
     type_names: tuple[str, ...] = DEFAULT_TYPES
     check_flip: float = 0.2
+    unsolvable: float = 0.0
     candidate_blind: bool = False
     base_scale: float = 1.0
     specialty_bonus: float = 1.0
@@ -140,6 +146,8 @@ class SimConfig:
             raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
         if not 0.0 <= self.check_flip <= 0.5:
             raise ValueError(f"check_flip must lie in [0, 0.5], got {self.check_flip}")
+        if not (np.isfinite(self.unsolvable) and 0.0 <= self.unsolvable < 1.0):
+            raise ValueError(f"unsolvable must lie in [0, 1), got {self.unsolvable}")
         if not (np.isfinite(self.router_tau) and self.router_tau > 0):
             raise ValueError(f"router_tau must be a positive finite temperature, got {self.router_tau}")
         if not 0.0 < self.router_eps <= 1.0:
@@ -168,6 +176,11 @@ class SimConfig:
     def n_features(self) -> int:
         """The number F of router features, (type, answer) and (type, agent) one-hots, check, bias."""
         return self.n_types * self.n_answers + self.n_types * self.n_agents + 2
+
+    def solvable_answer_probs(self) -> np.ndarray:
+        """``P(Z = a | t)`` for the M candidate answers, (T, M): ``(1 - unsolvable) * answer_probs``
+        (rows sum to ``1 - unsolvable``; the rest is ``Z = M``, no candidate right)."""
+        return (1.0 - self.unsolvable) * np.asarray(self.answer_probs, dtype=float)
 
     def type_distribution(self) -> np.ndarray:
         T = self.n_types
@@ -240,7 +253,10 @@ def draw_questions(
     """Draw n questions: types (n,), hidden correct answers Z (n,), and checks (n, M).
 
     ``checks[q, a] = 1{a = Z_q}`` flipped with probability ``cfg.check_flip``, independently
-    for each (question, answer): what the router's check would say of answer a.
+    for each (question, answer): what the router's check would say of answer a. With
+    ``cfg.unsolvable > 0`` each question is, with that probability, unsolvable: ``Z = M``
+    (no candidate is right) and its checks are flips of 0 (drawn after the other draws, so
+    ``unsolvable = 0`` leaves the generator's stream as it was).
     """
     _positive_int(n, "n")
     T, M = cfg.n_types, cfg.n_answers
@@ -248,6 +264,8 @@ def draw_questions(
     cdf = np.cumsum(np.asarray(cfg.answer_probs, dtype=float), axis=1)
     z = np.minimum((rng.random(n)[:, None] > cdf[types]).sum(1), M - 1)
     flips = rng.random((n, M)) < cfg.check_flip
+    if cfg.unsolvable > 0:
+        z = np.where(rng.random(n) < cfg.unsolvable, M, z)
     checks = ((np.arange(M)[None, :] == z[:, None]) ^ flips).astype(float)
     return types, z, checks
 
@@ -312,14 +330,16 @@ def calibrated_router(cfg: SimConfig) -> np.ndarray:
     sigmoid(logit q_t(a) + (2C - 1) log((1 - f) / f))``: weight ``logit q_t(a)`` on the
     (type, answer) one-hot (probabilities clipped to [1e-3, 1 - 1e-3]), ``log((1 - f)/f)``
     on the +-1 check (0 when f = 0.5; capped at log(999) when f = 0), and 0 on the agents
-    and the bias. With ``cfg.candidate_blind`` only the type enters: ``logit`` of the
+    and the bias, where ``q_t(a)`` is ``(1 - unsolvable)`` times ``answer_probs`` (an
+    unsolvable question's checks are flips of 0, as a wrong answer's are, so the check's
+    likelihood ratio is unchanged). With ``cfg.candidate_blind`` only the type enters: ``logit`` of the
     type's mean accuracy is not identifiable per candidate, so the weights are all zero.
     """
     T, M = cfg.n_types, cfg.n_answers
     w = np.zeros(cfg.n_features)
     if cfg.candidate_blind:
         return w
-    q = np.clip(np.asarray(cfg.answer_probs, dtype=float), 1e-3, 1 - 1e-3)
+    q = np.clip(cfg.solvable_answer_probs(), 1e-3, 1 - 1e-3)
     w[: T * M] = np.log(q / (1 - q)).ravel()
     f = min(max(cfg.check_flip, 1e-3), 0.5)
     w[-2] = np.log((1 - f) / f)
