@@ -255,7 +255,7 @@ def test_expected_advantage(tmp_path):
     slates[0].update(R=R.tolist(), G=G.tolist(), score=credit("removal", sel, G, *args).tolist())
     run = read_run(_write_run(tmp_path / "r", slates=slates))
     ea = expected_advantage(run)
-    assert len(ea) == 2 * 8 * 3 and ea["exact"].all()
+    assert len(ea) == 2 * 8 * 3
     # Corollary 3: the expected Eq. 19 credit is the exact removal contribution (slate_credit's oracle)
     sc = slate_credit(run)
     np.testing.assert_allclose(ea["expected_credit"], sc["oracle"], atol=1e-12)
@@ -276,10 +276,6 @@ def test_expected_advantage(tmp_path):
     se = A.std(0) / np.sqrt(n_sim)
     want = dead[dead["agent"] == run.agents[agent]]["expected_group"].to_numpy()
     assert np.all(np.abs(A.mean(0) - want) < 5 * se + 1e-9)
-    # Monte Carlo mode agrees with the exact sum within its own noise
-    mc = expected_advantage(run, exact_limit=10, draws=20_000, seed=1)
-    assert not mc["exact"].any()
-    assert np.abs(mc["expected_group"] - ea["expected_group"]).max() < 0.05
     # a perturbed signal must break Corollary 3's line: wta's expected credit is not the oracle
     wta = expected_advantage(read_run(_write_run(tmp_path / "w", signal="wta", slates=slates)))
     assert np.abs(wta["expected_credit"] - sc["oracle"]).max() > 0.05

@@ -36,6 +36,7 @@ the simulated pool of chapter 7 can use it without an LLM stack.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -55,6 +56,7 @@ __all__ = [
     "zero_std_groups",
     "RoutedCredit",
     "route_and_credit",
+    "expected_advantages",
     "clipped_grpo_loss",
 ]
 
@@ -269,6 +271,66 @@ def route_and_credit(
     zs = zero_std_groups(scores, axis=-2)
     return RoutedCredit(I=I, G=G, scores=scores, advantages=adv,
                         zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0))
+
+
+def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
+                        eps: float = ADVANTAGE_EPS) -> np.ndarray:
+    """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
+
+    A group is one prompt's m slates (axis -2), each routed by its own independent draw
+    ``I_g ~ p_g`` (Eq. 3). Given the completions (so R, p, P and mu_hat are fixed), the
+    advantage of agent i's completion g depends on all m draws through the group's
+    baseline (and, with ``scale_rewards="group"``, its standard deviation), so the
+    expectation is a sum over the ``K^m`` joint draws, weighted by ``prod_g p_g(I_g)``.
+
+    Centred (``"none"``), advantages are linear in the scores, so for ``"removal"``
+    (Eq. 19, unbiased given the slate, Corollary 3) the result equals the centred exact
+    removal contribution (``"oracle"``). Standardised, it need not: in a group with no right
+    candidate every exact contribution is 0, yet this expectation is not.
+
+    Args:
+        signal: ``"wta"``, ``"removal"`` or ``"oracle"`` (:func:`~mcpg.grpo.objective.credit`).
+        p: propensities ``(..., m, K)``; P: leave-one-out propensities ``(..., m, K, K)``;
+            mu_hat: ``(..., m, K)``; rewards_all: every candidate's ``R^(j)``, ``(..., m, K)``.
+        scale_rewards, eps: as :func:`~mcpg.grpo.objective.group_advantages`.
+
+    Returns:
+        ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4; 6561 for
+        chapter 8's m = 8).
+    """
+    p = np.asarray(p, dtype=float)
+    R = np.asarray(rewards_all, dtype=float)
+    P = np.asarray(P, dtype=float)
+    mu = np.asarray(mu_hat, dtype=float)
+    if p.ndim < 2 or R.shape != p.shape or mu.shape != p.shape or P.shape != p.shape + p.shape[-1:]:
+        raise ValueError(
+            f"p, mu_hat and rewards_all must share a shape (..., m, K) and P be (..., m, K, K); "
+            f"got {p.shape}, {mu.shape}, {R.shape}, {P.shape}"
+        )
+    m, K = p.shape[-2:]
+    if K**m > 100_000:
+        raise ValueError(f"K^m = {K**m} joint draws is too many to enumerate")
+    batch = p.shape[:-2]
+    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (p, P, mu, R)]
+    n_groups = flat[0].shape[0]
+    # table[b, g, j, i]: agent i's credit on slate g of group b if the router draws j there
+    # (a slate's credit depends on its own draw only)
+    table = np.stack([
+        credit(signal, np.full(flat[0].shape[:-1], j), flat[3][..., j], flat[0], flat[1], flat[2],
+               rewards_all=flat[3])
+        for j in range(K)
+    ], axis=-2)
+    combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m): one draw per slate
+    slate = np.arange(m)
+    out = np.empty((n_groups, m, K))
+    chunk = max(1, 2_000_000 // (len(combos) * m * K))
+    for lo in range(0, n_groups, chunk):
+        t = table[lo:lo + chunk]  # (b, m, K draws, K agents)
+        scores = t[:, slate, combos]  # (b, K^m, m, K agents)
+        A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
+        weight = flat[0][lo:lo + chunk][:, slate, combos].prod(-1)  # (b, K^m)
+        out[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
+    return out.reshape(p.shape)
 
 
 def clipped_grpo_loss(

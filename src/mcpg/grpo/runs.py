@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..stats import mean_ci
-from .objective import ADVANTAGE_EPS, credit, group_advantages
+from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
@@ -398,17 +398,13 @@ def group_signal(run: Run) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def expected_advantage(run: Run, exact_limit: int = 20_000, draws: int = 4_000,
-                       seed: int = 0) -> pd.DataFrame:
+def expected_advantage(run: Run) -> pd.DataFrame:
     """The advantage each completion's credit gets *on average over the router's draws*, given
     the completions: ``E[A | completions]`` under both advantage scalings, on the logged slates.
 
     Within one GRPO group (agent i, one prompt's m slates) the router draws I_g ~ p_g on each
-    slate independently, agent i's credit on slate g is its signal's value for that draw
-    (:func:`mcpg.grpo.objective.credit` with ``selected = j`` and ``reward = R^(j)``), and the
-    advantages are the m credits through :func:`mcpg.grpo.objective.group_advantages`. Their
-    expectation is summed over all K^m joint draws when K^m <= ``exact_limit`` (exact), else
-    estimated from ``draws`` joint draws (Monte Carlo, ``seed``).
+    slate independently; :func:`mcpg.grpo.objective.expected_advantages` sums the run's signal's
+    advantages over all K^m joint draws, exactly.
 
     Centred advantages are linear in the credits, so their expectation is the centred
     *expected* credit; for ``removal`` that is the centred exact removal contribution
@@ -418,15 +414,12 @@ def expected_advantage(run: Run, exact_limit: int = 20_000, draws: int = 4_000,
     whatever the outcome model's term does with the draws. One row per (update, slate, agent):
     ``prompt``, ``R``, ``p``, ``mu_hat``, ``any_correct`` (some candidate of the group's slates
     is right), ``expected_credit``, ``expected_group`` (standardised, the run's
-    ``advantage_eps``), ``expected_none`` (centred), and ``exact`` (False: Monte Carlo).
+    ``advantage_eps``) and ``expected_none`` (centred).
     """
     if not run.slates:
         raise ValueError(f"{run.path} holds no slates.jsonl")
-    if exact_limit < 1 or draws < 2:
-        raise ValueError("exact_limit must be >= 1 and draws >= 2")
     m = int(run.config["completions_per_agent"])
     eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
-    rng = np.random.default_rng(seed)
     frames = []
     for row in run.slates:
         R, p = np.asarray(row["R"], float), np.asarray(row["p"], float)
@@ -434,34 +427,18 @@ def expected_advantage(run: Run, exact_limit: int = 20_000, draws: int = 4_000,
         n, K = R.shape
         if n % m:
             raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
-        # c[g, j, i]: agent i's credit on slate g when candidate j is deployed
-        c = np.stack([credit(run.signal, np.full(n, j), R[:, j], p, P, mu, rewards_all=R)
-                      for j in range(K)], 1)
-        exact = K ** m <= exact_limit
-        if exact:
-            combos = np.array(np.meshgrid(*[np.arange(K)] * m, indexing="ij")).reshape(m, -1).T  # (C, m)
-        out = {key: np.zeros((n, K)) for key in ("group", "none")}
-        for b in range(n // m):
-            sl = slice(b * m, (b + 1) * m)
-            pb, cb = p[sl], c[sl]  # (m, K), (m, K draws, K agents)
-            if not exact:
-                u = rng.random((draws, m, 1))
-                combos = (u > np.cumsum(pb, 1)[None]).sum(-1).clip(max=K - 1)  # (draws, m)
-                w = np.full(len(combos), 1.0 / len(combos))
-            else:
-                w = np.prod(pb[np.arange(m)[None, :], combos], axis=1)  # probability of each joint draw
-            scores = cb[np.arange(m)[None, :], combos]  # (C, m, K agents)
-            for key in out:
-                A = group_advantages(scores, scale_rewards=key, eps=eps, axis=1)
-                out[key][sl] = np.tensordot(w, A, axes=(0, 0))
-        expected_credit = np.einsum("gj,gji->gi", p, c)
+        groups = [x.reshape((n // m, m) + x.shape[1:]) for x in (p, P, mu, R)]
+        ea = {sc: expected_advantages(run.signal, *groups, scale_rewards=sc, eps=eps).reshape(n, K)
+              for sc in ("group", "none")}
+        expected_credit = sum(p[:, [j]] * credit(run.signal, np.full(n, j), R[:, j], p, P, mu, rewards_all=R)
+                              for j in range(K))
         any_correct = np.repeat(R.reshape(n // m, m * K).max(1) > 0, m)
         frames.append(pd.DataFrame({
             "update": row["update"], "slate": np.repeat(np.arange(n), K),
             "prompt": np.repeat(np.arange(n) // m, K),
             "agent": np.tile(run.agents, n), "R": R.ravel(), "p": p.ravel(), "mu_hat": mu.ravel(),
             "any_correct": np.repeat(any_correct, K), "expected_credit": expected_credit.ravel(),
-            "expected_group": out["group"].ravel(), "expected_none": out["none"].ravel(), "exact": exact}))
+            "expected_group": ea["group"].ravel(), "expected_none": ea["none"].ravel()}))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -5,13 +5,11 @@ Part of :mod:`mcpg.grpo.simulated` (chapter 7).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
 from ... import routing, stats
-from ..objective import ADVANTAGE_EPS, credit, group_advantages
+from ..objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
 from .pool import (
     SimConfig,
     _one_thread,
@@ -144,81 +142,6 @@ def score_spread(
     return pd.DataFrame(rows)
 
 
-def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                        eps: float = ADVANTAGE_EPS) -> np.ndarray:
-    """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
-
-    A group is one prompt's m slates (axis -2), each routed by its own independent draw
-    ``I_g ~ p_g`` (Eq. 3). Given the completions (so R, p, P and mu_hat are fixed), the
-    advantage of agent i's completion g depends on all m draws through the group's
-    baseline (and, with ``scale_rewards="group"``, its standard deviation), so the
-    expectation is a sum over the ``K^m`` joint draws, weighted by ``prod_g p_g(I_g)``.
-
-    Centred (``"none"``), advantages are linear in the scores, so for ``"removal"``
-    (Eq. 19, unbiased given the slate, Corollary 3) the result equals the centred exact
-    removal contribution (``"oracle"``). Standardised, it need not: in a group with no right
-    candidate every exact contribution is 0, yet this expectation is not.
-
-    Args:
-        signal: ``"wta"``, ``"removal"`` or ``"oracle"`` (:func:`~mcpg.grpo.objective.credit`).
-        p: propensities ``(..., m, K)``; P: leave-one-out propensities ``(..., m, K, K)``;
-            mu_hat: ``(..., m, K)``; rewards_all: every candidate's ``R^(j)``, ``(..., m, K)``.
-        scale_rewards, eps: as :func:`~mcpg.grpo.objective.group_advantages`.
-
-    Returns:
-        ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4; 6561 for
-        chapter 8's m = 8).
-    """
-    p = np.asarray(p, dtype=float)
-    R = np.asarray(rewards_all, dtype=float)
-    P = np.asarray(P, dtype=float)
-    mu = np.asarray(mu_hat, dtype=float)
-    if p.ndim < 2 or R.shape != p.shape or mu.shape != p.shape or P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(
-            f"p, mu_hat and rewards_all must share a shape (..., m, K) and P be (..., m, K, K); "
-            f"got {p.shape}, {mu.shape}, {R.shape}, {P.shape}"
-        )
-    m, K = p.shape[-2:]
-    if K**m > 100_000:
-        raise ValueError(f"K^m = {K**m} joint draws is too many to enumerate")
-    batch = p.shape[:-2]
-    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (p, P, mu, R)]
-    n_groups = flat[0].shape[0]
-    # table[b, g, j, i]: agent i's credit on slate g of group b if the router draws j there
-    # (a slate's credit depends on its own draw only)
-    table = np.stack([
-        credit(signal, np.full(flat[0].shape[:-1], j), flat[3][..., j], flat[0], flat[1], flat[2],
-               rewards_all=flat[3])
-        for j in range(K)
-    ], axis=-2)
-    combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m): one draw per slate
-    slate = np.arange(m)
-    out = np.empty((n_groups, m, K))
-    chunk = max(1, 2_000_000 // (len(combos) * m * K))
-    for lo in range(0, n_groups, chunk):
-        t = table[lo:lo + chunk]  # (b, m, K draws, K agents)
-        scores = t[:, slate, combos]  # (b, K^m, m, K agents)
-        A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
-        weight = flat[0][lo:lo + chunk][:, slate, combos].prod(-1)  # (b, K^m)
-        out[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
-    return out.reshape(p.shape)
-
-
-def _auc(score: np.ndarray, label: np.ndarray) -> float:
-    """ROC AUC of ``score`` for the binary ``label`` (Mann-Whitney; ties count a half)."""
-    score, label = np.ravel(score), np.ravel(label).astype(bool)
-    pos, neg = score[label], score[~label]
-    if len(pos) == 0 or len(neg) == 0:
-        return np.nan
-    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
-    allv = np.concatenate([pos, neg])[order]
-    ranks = np.empty(len(allv))
-    _, inv, counts = np.unique(allv, return_inverse=True, return_counts=True)
-    mid = np.cumsum(counts) - (counts - 1) / 2.0  # mean rank of each tie block
-    ranks[order] = mid[inv]
-    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
-
-
 def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> dict:
     """The removal signal's GRPO groups, summarised: what chapter 8 measured on its LLM slates.
 
@@ -249,7 +172,7 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
         return float(np.corrcoef(x, y[sel])[0, 1]) if x.size > 2 and x.std() > 0 else np.nan
 
     return {
-        "no_right": float(none_right.mean()), "auc": _auc(mu, R),
+        "no_right": float(none_right.mean()), "auc": np.nan if (a := stats.roc_auc(mu, R)) is None else a,
         "abs_ea_group": float(np.abs(ea["group"]).mean()),
         "abs_ea_none": float(np.abs(ea["none"]).mean()),
         "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
