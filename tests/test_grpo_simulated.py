@@ -496,6 +496,8 @@ def test_exact_budget_sqrt_beats_uniform_at_equal_cost_on_the_pool():
     ex = run.exact
     assert (ex["risk_bound"] <= ex["risk"] * (1 + 1e-9)).all() and (ex["risk"] < ex["risk_uniform"]).all()
     assert abs(ex["loss"].sum() / ex["risk"].sum() - 1) < 0.15
+    # σ² = 0: the uniform allocation's risk is (1/p - 1) times the error of Eq. (19) alone
+    np.testing.assert_allclose(ex["risk_uniform"], (1 / 0.1 - 1) * ex["risk_removal"], rtol=1e-9)
     share = ex["evaluations"].sum() / ex["slates"].sum()
     assert abs(share - 0.1) <= 3.29 * np.sqrt(0.1 * 0.9 / ex["slates"].sum())
     with pytest.raises(ValueError):

@@ -149,7 +149,8 @@ class SimRun:
             :func:`~mcpg.grpo.objective.credit_leverage` and η² = (Δ̂ − Δ)² the true error
             (the simulator knows every reward): ``risk`` of the allocation used, ``risk_uniform``
             of the uniform one at the same expected cost, ``risk_bound`` Theorem 3's lower bound
-            at that cost, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its expectation is ``risk``).
+            at that cost, ``risk_removal`` = Σ a²η², the error of Eq. (19) alone on the same
+            slates, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its expectation is ``risk``).
             None otherwise.
     """
 
@@ -280,7 +281,8 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     budgeted = method == "removal" and cfg.exact_budget > 0
     budgets = [allocation.ExactBudget(cfg.exact_budget, cfg.allocation) for _ in seeds] if budgeted else None
     budget_rngs = [np.random.default_rng([s, 4]) for s in seeds] if budgeted else None  # the draws Z
-    exact_keys = ("slates", "evaluations", "cost", "risk", "risk_uniform", "risk_bound", "loss")
+    exact_keys = ("slates", "evaluations", "cost", "risk", "risk_uniform", "risk_bound", "risk_removal",
+                  "loss")
     exact = {k: np.zeros(S) for k in exact_keys} if budgeted else None
     ci = 0
     for u in range(cfg.updates + 1):
@@ -410,6 +412,7 @@ def _exact_diagnostics(acc: dict, ex, scores, R, p, P, share: float) -> None:
         uniform = allocation.uniform_allocation(cost, C)
         acc["risk_uniform"][s] += allocation.allocation_risk(uniform, one, s2, se2)
         acc["risk_bound"][s] += allocation.risk_lower_bound(one, s2, se2, cost, C)
+        acc["risk_removal"][s] += float(se2.sum())  # Eq. (19) alone: Σ a² η²
         acc["loss"][s] += float(np.sum(a**2 * (scores[s].reshape(-1, K) - delta[s].reshape(-1, K)) ** 2))
 
 
