@@ -119,8 +119,8 @@ class GRPOConfig(Mapping):
     scale_rewards: str = "group"
     """TRL scale_rewards — group (divide by the group's std) | none (centred only)."""
     exact_budget: float = 0.0
-    """removal only: expected share of slates evaluated exactly (every candidate's reward
-    queried) and credited by Eq. (21); 0 — Eq. (19) alone, 1 — the oracle (chapter 9)."""
+    """expected share of slates evaluated exactly (every candidate's reward queried) and
+    credited by Eq. (21), signal removal only; 0 — Eq. (19) alone, 1 — the oracle (chapter 9)."""
     allocation: str = "sqrt"
     """which slates get the exact budget — sqrt (Eq. 22) | uniform | proportional."""
     router_tau: float = 1.0
