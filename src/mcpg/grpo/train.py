@@ -33,7 +33,8 @@ Run directory::
     config.json          the resolved config, the signal, where the model came from
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
-    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score)
+    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score;
+                         with an exact budget also exact_z, exact_p: evaluated, its probability)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>.safetensors, router.safetensors    the final weights
     checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
