@@ -328,3 +328,151 @@ def test_generic_convex_solve_agrees_with_eq22_and_theorem3(fraction):
     for _ in range(200):
         p = allocation.proportional_allocation(rng.dirichlet(np.ones(n)), c, C)
         assert allocation.allocation_risk(p, a, s2, e2) >= bound * (1 - 1e-12)
+
+
+# --- exact evaluations of slates inside training (chapter 9) ---------------------------------
+
+from itertools import product  # noqa: E402
+
+from mcpg import routing  # noqa: E402
+from mcpg.allocation import (  # noqa: E402
+    ExactBudget,
+    removal_error_proxy,
+    slate_allocation,
+    slate_entries,
+)
+
+
+def _slates(seed: int, N: int, K: int):
+    """N random routed slates of K candidates: p, P, mu_hat, the deployed I, every reward R."""
+    rng = np.random.default_rng(seed)
+    s = rng.normal(size=(N, K)) * 2
+    p = routing.router_propensities(s, eps=0.1)
+    P = routing.leave_one_out_propensities(s, eps=0.1)
+    mu = 1 / (1 + np.exp(-rng.normal(size=(N, K))))
+    R = (rng.random((N, K)) < 0.5).astype(float)
+    I = routing.sample_selection(p, rng)  # noqa: E741
+    G = R[np.arange(N), I]
+    return p, P, mu, I, G, R
+
+
+@given(st.integers(0, 10_000), st.integers(2, 4))
+@SETTINGS
+def test_removal_error_proxy_is_the_outcome_models_expected_squared_error(seed, K):
+    # Enumerate the unobserved rewards R^(j), j != I, under independent Bernoulli(mu_hat_j):
+    # the expectation of (Eq. 19 - exact removal)^2 is the proxy, exactly.
+    p, P, mu, I, G, _ = _slates(seed, 3, K)  # noqa: E741
+    v = removal_error_proxy(I, G, p, P, mu)
+    dhat = routing.dr_removal_contributions(I, G, p, P, mu)
+    for n in range(3):
+        others = [j for j in range(K) if j != I[n]]
+        expect = np.zeros(K)
+        for bits in product((0.0, 1.0), repeat=K - 1):
+            r = np.empty(K)
+            r[I[n]] = G[n]
+            r[others] = bits
+            w = np.prod([mu[n, j] if b else 1 - mu[n, j] for j, b in zip(others, bits)])
+            expect += w * (dhat[n] - routing.removal_contributions(r, p[n], P[n])) ** 2
+        np.testing.assert_allclose(v[n], expect, rtol=1e-10, atol=1e-14)
+
+
+def test_removal_error_proxy_fails_on_a_perturbed_input():
+    p, P, mu, I, G, _ = _slates(1, 4, 3)  # noqa: E741
+    v = removal_error_proxy(I, G, p, P, mu)
+    assert not np.allclose(v, removal_error_proxy(I, 1 - G, p, P, mu))
+    with pytest.raises(ValueError):
+        removal_error_proxy(I, G, np.zeros_like(p), P, mu)
+
+
+@given(st.integers(0, 10_000), st.integers(1, 5), st.integers(2, 4),
+       st.sampled_from(("sqrt", "uniform", "proportional", "random")))
+@SETTINGS
+def test_eq21_is_unbiased_on_logged_slates_by_enumerating_z(seed, N, K, rule):
+    # One Z per slate, shared by its K agents. Over all 2^N outcomes of Z, weighted by their
+    # probabilities, E[Δ̃] = Y (the exact removal contribution) for every agent and slate,
+    # whatever the allocation, as long as p > 0; and the risk is that of slate_entries.
+    p, P, mu, I, G, R = _slates(seed, N, K)  # noqa: E741
+    dhat = routing.dr_removal_contributions(I, G, p, P, mu)
+    y = routing.removal_contributions(R, p, P)
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(0.1, 3.0, size=(N, K))
+    if rule == "random":
+        q = rng.uniform(0.05, 1.0, size=N)
+    else:
+        v = removal_error_proxy(I, G, p, P, mu)
+        cost = np.full(N, K - 1.0)
+        q = slate_allocation(a, np.zeros_like(v), v, cost, 0.4 * cost.sum(), rule=rule, floor=0.1)
+    assert (q > 0).all()
+    mean, risk, unweighted = np.zeros((N, K)), 0.0, np.zeros((N, K))
+    for z in product((0, 1), repeat=N):
+        z = np.array(z)
+        w = np.prod(np.where(z == 1, q, 1 - q))
+        tilde = corrected_contribution(dhat, y, z[:, None], q[:, None])
+        mean += w * tilde
+        risk += w * np.sum(a**2 * (tilde - y) ** 2)
+        unweighted += w * (dhat + z[:, None] * (y - dhat))  # the perturbed estimator: no 1/p
+    np.testing.assert_allclose(mean, y, atol=1e-10)
+    one, s2, e2 = slate_entries(a, np.zeros((N, K)), (dhat - y) ** 2)
+    assert risk == pytest.approx(allocation_risk(q, one, s2, e2), rel=1e-9, abs=1e-12)
+    # the same check fails on the perturbed estimator wherever p < 1 and Δ̂ != Y
+    off = (q[:, None] < 1) & ~np.isclose(dhat, y)
+    assert np.all(np.abs(unweighted - y)[off] > 1e-9)
+
+
+def test_slate_allocation_spends_the_budget_and_sqrt_attains_theorem3():
+    rng = np.random.default_rng(3)
+    N, K = 40, 3
+    a, eta2 = rng.uniform(0.1, 5, (N, K)), rng.exponential(1.0, (N, K))
+    cost = np.full(N, K - 1.0)
+    C = 0.1 * cost.sum()
+    one, s2, e2 = slate_entries(a, np.zeros_like(eta2), eta2)
+    bound = risk_lower_bound(one, s2, e2, cost, C)
+    risks = {}
+    for rule in ("sqrt", "uniform", "proportional"):
+        q = slate_allocation(a, np.zeros_like(eta2), eta2, cost, C, rule=rule)
+        assert q @ cost == pytest.approx(C)
+        risks[rule] = allocation_risk(q, one, s2, e2)
+    assert risks["sqrt"] == pytest.approx(bound, rel=1e-10)
+    assert bound < risks["uniform"] and bound < risks["proportional"]
+    # the floor: the same budget, every p at least λ C / Σc, and a risk between the two
+    qf = slate_allocation(a, np.zeros_like(eta2), eta2, cost, C, rule="sqrt", floor=0.2)
+    assert qf @ cost == pytest.approx(C) and qf.min() >= 0.2 * C / cost.sum() - 1e-15
+    assert bound <= allocation_risk(qf, one, s2, e2) <= risks["uniform"]
+    # the whole budget: every slate evaluated, p exactly 1
+    assert (slate_allocation(a, 0 * eta2, eta2, cost, cost.sum(), floor=0.3) == 1.0).all()
+    with pytest.raises(ValueError):
+        slate_allocation(a, 0 * eta2, eta2, cost, C, rule="best")
+
+
+def test_corrected_contribution_is_y_exactly_at_p_one():
+    dh, y = np.array([0.1, 0.7]), np.array([0.3, -0.2])
+    out = corrected_contribution(dh, y, 1, 1.0)
+    assert np.array_equal(out, y)  # bit for bit (0.1 + (0.3 - 0.1) would round)
+    assert np.array_equal(corrected_contribution(dh, y, 0, 0.5), dh)
+
+
+def test_exact_budget_learns_kappa_from_evaluations_and_round_trips():
+    p, P, mu, I, G, R = _slates(5, 30, 3)  # noqa: E741
+    dhat = routing.dr_removal_contributions(I, G, p, P, mu)
+    y = routing.removal_contributions(R, p, P)
+    v = removal_error_proxy(I, G, p, P, mu)
+    b = ExactBudget(0.2)
+    a = np.ones_like(v)
+    cost = np.full(30, 2.0)
+    assert b.kappa() is None
+    np.testing.assert_allclose(b.probabilities(a, v, cost), 0.2)  # the pilot: uniform
+    z = np.zeros(30, int)
+    z[:10] = 1
+    q = np.full(30, 0.5)
+    b.observe(z, q, dhat, y, v)
+    expect = ((dhat[:10] - y[:10]) ** 2 / 0.5).sum(0) / v.sum(0)  # IPW total error / total proxy
+    np.testing.assert_allclose(b.kappa(), expect)
+    q2 = b.probabilities(a, v, cost)
+    assert q2 @ cost == pytest.approx(0.2 * cost.sum()) and not np.allclose(q2, 0.2)
+    c = ExactBudget(0.0)
+    c.load_state_dict(b.state_dict())
+    np.testing.assert_array_equal(c.probabilities(a, v, cost), q2)
+    with pytest.raises(ValueError):
+        ExactBudget(1.5)
+    with pytest.raises(ValueError):
+        ExactBudget(0.1, rule="best")

@@ -334,3 +334,109 @@ def test_one_agent_removal_equals_wta_equals_reward(scale):
         np.testing.assert_array_equal(outs[sig].I, 0)
         np.testing.assert_allclose(outs[sig].scores, R)
         np.testing.assert_allclose(outs[sig].advantages, outs["wta"].advantages)
+
+
+# --- removal with exact evaluations on a budget (Eqs. 21-22 in the loop; chapter 9) ----------
+
+from mcpg.allocation import ExactBudget  # noqa: E402
+from mcpg.grpo.objective import budgeted_removal, credit_leverage  # noqa: E402
+
+
+def _budget_rollout(seed, B=4, m=4, K=3):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(size=(B, m, K)) * 2
+    p = routing.router_propensities(s, 1.0, 0.1)
+    P = routing.leave_one_out_propensities(s, 1.0, 0.1)
+    mu = 1 / (1 + np.exp(-rng.normal(size=(B, m, K))))
+    R = (rng.random((B, m, K)) < 0.4).astype(float)
+    return p, P, mu, R
+
+
+@pytest.mark.parametrize("scale", SCALE_REWARDS)
+@pytest.mark.parametrize("rule", ["sqrt", "uniform", "proportional"])
+def test_budget_zero_is_removal_and_budget_one_is_oracle_bit_for_bit(scale, rule):
+    budgets = {0.0: ExactBudget(0.0, rule), 1.0: ExactBudget(1.0, rule), 0.5: ExactBudget(0.5, rule)}
+    for it in range(4):  # several rollouts: the budget's estimates are learned in between
+        p, P, mu, R = _budget_rollout(it)
+        ref = {sig: route_and_credit(sig, p, P, mu, R, np.random.default_rng(it), scale_rewards=scale)
+               for sig in ("removal", "oracle")}
+        got = {b: route_and_credit("removal", p, P, mu, R, np.random.default_rng(it), scale_rewards=scale,
+                                   budget=eb, budget_rng=np.random.default_rng(99 + it))
+               for b, eb in budgets.items()}
+        for b, sig in ((0.0, "removal"), (1.0, "oracle")):
+            assert np.array_equal(got[b].I, ref[sig].I)
+            assert np.array_equal(got[b].scores, ref[sig].scores)
+            assert np.array_equal(got[b].advantages, ref[sig].advantages)
+        assert got[0.0].exact.z.sum() == 0 and (got[1.0].exact.z == 1).all()
+        assert (got[1.0].exact.cost == 2).all()
+        # the check can fail: a half budget is neither
+        assert not np.array_equal(got[0.5].scores, ref["removal"].scores)
+        assert not np.array_equal(got[0.5].scores, ref["oracle"].scores)
+
+
+@pytest.mark.parametrize("rule", ["sqrt", "proportional"])
+def test_budgeted_credit_is_unbiased_by_monte_carlo(rule):
+    # Fixed slates and draws I; only Z varies. The mean of Eq. (21) over n draws is the exact
+    # removal contribution within 5 Monte Carlo standard errors (the variance is known:
+    # Var Δ̃ = (1/p - 1)(Y - Δ̂)^2), for every agent and slate.
+    p, P, mu, R = _budget_rollout(7)
+    I = routing.sample_selection(p, np.random.default_rng(1))  # noqa: E741
+    G = np.take_along_axis(R, I[..., None], -1)[..., 0]
+    y = routing.removal_contributions(R, p, P)
+    budget, rng = ExactBudget(0.15, rule), np.random.default_rng(2)
+    budgeted_removal(I, G, p, P, mu, R, budget, rng)  # the pilot: now the allocation is Eq. 22
+    frozen = budget.state_dict()
+    n, total, q = 4_000, 0.0, None
+    for _ in range(n):
+        budget.load_state_dict(frozen)  # the same allocation every draw
+        scores, ex = budgeted_removal(I, G, p, P, mu, R, budget, rng)
+        total = total + scores
+        q = ex.p if q is None else q
+        assert np.array_equal(ex.p, q)
+    assert not np.allclose(q, q.mean())  # not uniform
+    dhat = credit("removal", I, G, p, P, mu)
+    se = np.sqrt((1 / q[..., None] - 1) * (y - dhat) ** 2 / n)
+    assert np.all(np.abs(total / n - y) <= 5 * se + 1e-12)
+    assert not np.all(np.abs(dhat - y) <= 5 * se + 1e-12)  # Eq. (19) alone would fail it here
+
+
+def test_realised_share_matches_the_budget_within_its_binomial_interval():
+    # Over 300 rollouts of 16 slates, the number of exact evaluations is a sum of independent
+    # Bernoulli(p_s) with sum p_s = budget x slates: inside the 99.9% normal interval.
+    budget, rng = ExactBudget(0.1), np.random.default_rng(0)
+    count, expect, var = 0, 0.0, 0.0
+    for it in range(300):
+        p, P, mu, R = _budget_rollout(1000 + it)
+        rc = route_and_credit("removal", p, P, mu, R, np.random.default_rng(it), budget=budget,
+                              budget_rng=rng)
+        assert rc.exact.p.mean() == pytest.approx(0.1)  # the expected share is the budget
+        count += rc.exact.z.sum()
+        expect += rc.exact.p.sum()
+        var += (rc.exact.p * (1 - rc.exact.p)).sum()
+    assert expect == pytest.approx(0.1 * 300 * 16)
+    assert abs(count - expect) <= 3.29 * np.sqrt(var)
+    assert abs(1.3 * count - expect) > 3.29 * np.sqrt(var)  # a 30% overspend would fail
+
+
+def test_budget_per_seed_and_refusals():
+    p, P, mu, R = _budget_rollout(3, B=4)
+    rngs = [np.random.default_rng(s) for s in range(4)]
+    brngs = [np.random.default_rng(10 + s) for s in range(4)]
+    batch = route_and_credit("removal", p[:, None], P[:, None], mu[:, None], R[:, None], rngs,
+                             budget=[ExactBudget(0.3) for _ in range(4)], budget_rng=brngs)
+    for s in range(4):
+        one = route_and_credit("removal", p[s, None], P[s, None], mu[s, None], R[s, None],
+                               np.random.default_rng(s), budget=ExactBudget(0.3),
+                               budget_rng=np.random.default_rng(10 + s))
+        assert np.array_equal(batch.scores[s], one.scores) and np.array_equal(batch.exact.z[s], one.exact.z)
+    with pytest.raises(ValueError, match="removal"):
+        route_and_credit("wta", p, P, mu, R, np.random.default_rng(0), budget=ExactBudget(0.1),
+                         budget_rng=np.random.default_rng(0))
+
+
+def test_credit_leverage():
+    x = np.array([[[0.0, 1.0], [2.0, 1.0]]])  # one group of m = 2, K = 2
+    np.testing.assert_array_equal(credit_leverage(x, "none"), np.ones_like(x))
+    a = credit_leverage(x, "group")
+    np.testing.assert_allclose(a[0, :, 0], 1 / (np.sqrt(2.0) + ADVANTAGE_EPS))  # std of (0, 2) is √2
+    np.testing.assert_allclose(a[0, :, 1], 1 / ADVANTAGE_EPS)  # no spread: an error is the advantage

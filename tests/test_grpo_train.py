@@ -373,3 +373,73 @@ def test_a_recorded_config_without_router_features_reads_as_basic():
     assert resolve_config("tiny-random")["router_features"] == "calculation"
     with pytest.raises(ValueError, match="router_features"):
         resolve_config("tiny-random", router_features="judge")
+
+
+# --- exact evaluations on a budget (config keys exact_budget, allocation; chapter 9) ----------
+
+EXACT_KEYS = ("exact_evaluations", "feedback_cost", "exact_share", "exact_share_expected")
+
+
+@pytest.fixture
+def some_rewards(monkeypatch):
+    """A random model is never right, so every credit would be 0: reward each completion by a
+    hash of its text instead (deterministic, about half of them right), so the signals differ."""
+    import zlib
+
+    import mcpg.grpo.train as train_module
+
+    monkeypatch.setattr(train_module, "reward", lambda text, gold: float(zlib.crc32(text.encode()) % 2))
+
+
+def _without(rows, keys):
+    return [{k: v for k, v in r.items() if k not in keys} for r in rows]
+
+
+def test_exact_budget_zero_is_removal_and_one_is_oracle(tmp_path, some_rewards):
+    kw = dict(updates=3)
+    runs = {name: tmp_path / name for name in ("removal", "oracle", "b0", "b1", "b05")}
+    train("tiny-random", "removal", runs["removal"], **kw)
+    train("tiny-random", "oracle", runs["oracle"], **kw)
+    train("tiny-random", "removal", runs["b0"], exact_budget=0.0, **kw)
+    train("tiny-random", "removal", runs["b1"], exact_budget=1.0, allocation="sqrt", **kw)
+    train("tiny-random", "removal", runs["b05"], exact_budget=0.5, **kw)
+    m = {k: _metrics(v) for k, v in runs.items()}
+    assert any(r["reward"] > 0 for r in m["oracle"])  # the fixture's rewards are not all 0
+    assert m["b0"] == m["removal"]  # bit for bit, every metric
+    for r in m["b0"]:
+        assert [r[k] for k in EXACT_KEYS] == [0, 0, 0.0, 0.0]
+    assert _without(m["b1"], {"signal", *EXACT_KEYS}) == _without(m["oracle"], {"signal", *EXACT_KEYS})
+    for r in m["b1"]:  # 2 prompts x 2 slates, each evaluated at K - 1 = 2 extra queries
+        assert [r[k] for k in EXACT_KEYS] == [4, 8, 1.0, 1.0]
+    assert _without(m["b05"], EXACT_KEYS) != _without(m["removal"], EXACT_KEYS)  # the check can fail
+    for r in m["b05"]:
+        assert r["feedback_cost"] == 2 * r["exact_evaluations"]
+        assert r["exact_share"] == r["exact_evaluations"] / 4
+        assert r["exact_share_expected"] == pytest.approx(0.5)
+    for a, b in (("b0", "removal"), ("b1", "oracle")):
+        wa, wb = _weights(runs[a]), _weights(runs[b])
+        for name in wa:
+            assert all(torch.equal(wa[name][k], wb[name][k]) for k in wa[name]), (a, name)
+    slates = [json.loads(line) for line in (runs["b05"] / "slates.jsonl").read_text().splitlines()]
+    assert all(len(s["exact_z"]) == len(s["exact_p"]) == 4 for s in slates)
+
+
+def test_exact_budget_resumes_as_uninterrupted(tmp_path, some_rewards):
+    kw = dict(updates=3, exact_budget=0.5)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train("tiny-random", "removal", full, **kw)
+    assert train("tiny-random", "removal", cut, stop_after=2, **kw) is None
+    assert (cut / "checkpoint" / "budget_rank0.json").exists()
+    train("tiny-random", "removal", cut, resume=True)
+    assert _metrics(cut) == _metrics(full)
+
+
+def test_exact_budget_config_is_checked():
+    cfg = resolve_config("tiny-random")
+    assert cfg["exact_budget"] == 0.0 and cfg["allocation"] == "sqrt"
+    bads = ({"exact_budget": 1.5}, {"exact_budget": -0.1}, {"exact_budget": True}, {"allocation": "best"})
+    for bad in bads:
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            cfg.replace(**bad)
+    with pytest.raises(ValueError, match="removal"):
+        Engine(cfg.replace(exact_budget=0.1), "wta")

@@ -11,6 +11,15 @@ One entry per marginal contribution Δ_{i|S} that may be evaluated exactly, with
 An evaluation runs with probability p (Z ~ Bernoulli(p)) and the estimate is corrected by
 Eq. (21). Entries with a²(σ² + η²) = 0 gain nothing from evaluation: they get p = 0 and add
 nothing to the risk. Entries of cost 0 and positive weight are always evaluated (p = 1).
+
+Inside training (chapter 9) the unit of evaluation is a *slate*: one exact evaluation
+queries every candidate's reward, so it reveals the exact removal contribution of every
+agent on that slate at once. :func:`slate_entries` folds a slate's agents into one entry of
+Theorem 2 (their a²σ² and a²η² summed), so :func:`neyman_allocation` and the functions
+above apply to slates unchanged; :func:`slate_allocation` adds the baselines and the floor;
+:func:`removal_error_proxy` predicts Eq. (19)'s squared error from what is observed; and
+:class:`ExactBudget` holds the estimates learned from earlier exact evaluations (§7's
+suggestion) and draws the evaluations of one rollout.
 """
 
 from __future__ import annotations
@@ -20,12 +29,17 @@ import numpy as np
 from ._checks import as_float_array, check_nonnegative, check_same_shape
 
 __all__ = [
+    "ALLOCATIONS",
+    "ExactBudget",
     "allocation_risk",
     "convex_allocation",
     "corrected_contribution",
     "neyman_allocation",
     "proportional_allocation",
+    "removal_error_proxy",
     "risk_lower_bound",
+    "slate_allocation",
+    "slate_entries",
     "simulate_corrected_risk",
     "uniform_allocation",
 ]
@@ -189,7 +203,8 @@ def corrected_contribution(delta_hat, y, z, p) -> np.ndarray:
     if (p[ran] == 0).any():
         raise ValueError("p must be strictly positive where z = 1 (the estimator divides by it)")
     correction = np.divide(y - delta_hat, p, out=np.zeros(delta_hat.shape), where=ran)
-    return delta_hat + correction
+    # where p = 1 the estimate is Y itself; return it exactly (Δ̂ + (Y − Δ̂) may round)
+    return np.where(ran & (p == 1), y, delta_hat + correction)
 
 
 def simulate_corrected_risk(
@@ -259,3 +274,183 @@ def convex_allocation(a, sigma2, eta2, cost, budget, p_min: float = 1e-6, tol: f
     p[on] = res.x
     p = p.reshape(a.shape)
     return p, allocation_risk(p, a, sigma2, eta2)
+
+
+# ------------------------------------------------------------------------------------------
+# exact evaluations of slates inside training (chapter 9)
+# ------------------------------------------------------------------------------------------
+ALLOCATIONS: tuple[str, ...] = ("sqrt", "uniform", "proportional")
+"""The allocation rules of :func:`slate_allocation`: Eq. (22) and the two baselines."""
+
+
+def slate_entries(a, sigma2, eta2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Theorem 2's entries when one evaluation serves every agent of a slate.
+
+    ``a, sigma2, eta2`` have shape ``(..., K)`` (agent i of each slate). With one draw
+    Z ~ Bernoulli(p) per slate, each agent's Δ̃_i of Eq. (21) is still unbiased and its risk
+    is a_i²((σ_i² + η_i²)/p − η_i²) (it involves Z only through its marginal), so the risk
+    of a slate is Theorem 2's with ``a = 1``, ``σ² = Σ_i a_i² σ_i²``, ``η² = Σ_i a_i² η_i²``.
+    Returns those three arrays of shape ``(...)``; every function of this module then
+    applies to slates: :func:`neyman_allocation` is Eq. (22) per slate, and
+    :func:`risk_lower_bound` is Theorem 3 over all allocations of slate evaluations.
+    """
+    a, sigma2, eta2 = _entries(a, sigma2, eta2)
+    s2, e2 = (a**2 * sigma2).sum(-1), (a**2 * eta2).sum(-1)
+    return np.ones_like(s2), s2, e2
+
+
+def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: float = 0.0) -> np.ndarray:
+    """Evaluation probabilities of slates under an expected-cost budget C.
+
+    ``a, sigma2, eta2`` of shape ``(N, K)`` (or ``(..., K)``), ``cost`` one per slate. Rules:
+
+    - ``"sqrt"``: Eq. (22) on the slate entries of :func:`slate_entries`,
+      p ∝ √(Σ_i a_i²(σ_i² + η_i²)) / √c (Theorem 2's optimum);
+    - ``"uniform"``: the same p for every slate (when every slate costs the same, it is also
+      chapter 6's cost-proportional allocation);
+    - ``"proportional"``: p ∝ Σ_i a_i²(σ_i² + η_i²), proportional to the risk weight rather
+      than its square root.
+
+    Each spends Σ p c = min(C, Σ c) when every slate has positive weight. ``floor`` λ in
+    [0, 1] mixes in the uniform allocation, p = (1 − λ) p_rule + λ p_uniform, which spends
+    the same budget and keeps every p ≥ λ C / Σ c > 0 (Eq. 21 needs p > 0).
+    """
+    if rule not in ALLOCATIONS:
+        raise ValueError(f"rule must be one of {ALLOCATIONS}, got {rule!r}")
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"floor must lie in [0, 1], got {floor}")
+    one, s2, e2 = slate_entries(a, sigma2, eta2)
+    cost = _nonneg(cost, "cost")
+    check_same_shape(one, cost, "slates", "cost")
+    uniform = uniform_allocation(cost, budget)
+    if rule == "uniform":
+        return uniform
+    if rule == "sqrt":
+        p = neyman_allocation(one, s2, e2, cost, budget)
+    else:
+        p = proportional_allocation(s2 + e2, cost, budget)
+    mixed = np.minimum(1.0, (1.0 - floor) * p + floor * uniform)
+    return np.where((p == 1.0) & (uniform == 1.0), 1.0, mixed)  # exactly 1 where both are
+
+
+def removal_error_proxy(selected, reward, p, P, mu_hat) -> np.ndarray:
+    """The squared error of Eq. (19) that the outcome model predicts, from observed data only.
+
+    The removal contribution is linear in the candidate values, Δ_i = Σ_j C_ij g_j with
+    C_ij = p_j − P^{-i}_j, so Eq. (19)'s error is Δ̂_i − Δ_i = Σ_j C_ij (ĝ_j − R^(j)). The
+    deployed candidate's term is known, C_iI (G − μ̂_I)(1/p_I − 1); for j ≠ I the term is
+    C_ij(μ̂_j − R^(j)). Taking R^(j) ~ Bernoulli(μ̂_j) independently (the outcome model's
+    belief) gives the prediction
+
+        v_i = (C_iI (G − μ̂_I)(1/p_I − 1))² + Σ_{j ≠ I} C_ij² μ̂_j (1 − μ̂_j).
+
+    Shapes as :func:`mcpg.routing.dr_removal_contributions`; returns ``(..., K)``. It uses no
+    reward but G, so an allocation built on it may be drawn before any exact evaluation.
+    """
+    p = as_float_array(p, "p")
+    P = as_float_array(P, "P")
+    mu = as_float_array(mu_hat, "mu_hat")
+    G = as_float_array(reward, "reward")
+    check_same_shape(mu, p, "mu_hat", "p")
+    if P.shape != p.shape + p.shape[-1:]:
+        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    if G.shape != p.shape[:-1]:
+        raise ValueError(f"reward must have shape {p.shape[:-1]}, got {G.shape}")
+    if (p <= 0).any():
+        raise ValueError("p must be positive (Eq. 19 divides by it)")
+    sel = np.asarray(selected).astype(int)
+    if sel.shape != G.shape:
+        raise ValueError(f"selected must have shape {G.shape}, got {sel.shape}")
+    K = p.shape[-1]
+    C = p[..., None, :] - P  # (..., K, K): C_ij
+    onehot = np.arange(K) == sel[..., None]
+    p_I = np.take_along_axis(p, sel[..., None], -1)
+    mu_I = np.take_along_axis(mu, sel[..., None], -1)
+    known = np.take_along_axis(C, np.broadcast_to(sel[..., None, None], C.shape[:-1] + (1,)), -1)[..., 0]
+    known = known * (G[..., None] - mu_I) * (1.0 / p_I - 1.0)
+    unknown = (C**2 * np.where(onehot, 0.0, mu * (1.0 - mu))[..., None, :]).sum(-1)
+    return known**2 + unknown
+
+
+class ExactBudget:
+    """Exact evaluations on a budget inside training: Eq. (22)'s allocation and Eq. (21).
+
+    ``share`` is the expected fraction of slates evaluated exactly (one evaluation serves all
+    K agents of its slate, so it is also the share of agent-slates); the budget of a rollout
+    of N slates is C = share · Σ_s c_s, with c_s the reward queries beyond the deployed one
+    (K − 1). ``rule`` is one of :data:`ALLOCATIONS`; ``floor`` the uniform mixture of
+    :func:`slate_allocation`.
+
+    The predicted η² of a slate's agent i is κ_i v_i, with v_i from
+    :func:`removal_error_proxy` and κ_i ≥ 0 a per-agent calibration learned from the exact
+    evaluations of *earlier* rollouts: κ_i = Σ_evaluated (Δ̂_i − Y_i)²/p / Σ_all v_i, the
+    inverse-propensity estimate of the total squared error over the total prediction. Until
+    an evaluation has been made (the pilot rollout) the allocation is uniform. σ² = 0: the
+    exact evaluation Y is the removal contribution computed from the slate's own rewards,
+    a function of the slate (rewards are deterministic given a candidate).
+    """
+
+    def __init__(self, share: float, rule: str = "sqrt", floor: float = 0.1):
+        if not (isinstance(share, (int, float)) and 0.0 <= share <= 1.0):
+            raise ValueError(f"share must lie in [0, 1], got {share!r}")
+        if rule not in ALLOCATIONS:
+            raise ValueError(f"rule must be one of {ALLOCATIONS}, got {rule!r}")
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"floor must lie in [0, 1], got {floor}")
+        self.share, self.rule, self.floor = float(share), rule, float(floor)
+        self.err_sum: np.ndarray | None = None  # Σ over evaluated (agent, slate) of (Δ̂ − Y)²/p
+        self.proxy_sum: np.ndarray | None = None  # Σ over all (agent, slate) of v
+        self.evaluations = 0  # exact evaluations so far (slates)
+
+    def kappa(self) -> np.ndarray | None:
+        """The per-agent calibration κ of the η² prediction, or None before any evaluation."""
+        if not self.evaluations:
+            return None
+        return np.divide(self.err_sum, self.proxy_sum, out=np.zeros_like(self.err_sum),
+                         where=self.proxy_sum > 0)
+
+    def probabilities(self, a, proxy, cost, rule: str | None = None) -> np.ndarray:
+        """The slates' evaluation probabilities, shape ``cost.shape``.
+
+        ``a`` (leverage) and ``proxy`` (v) have shape ``cost.shape + (K,)``. Uniform in the
+        pilot rollout (no evaluation yet) and whenever every predicted weight is 0.
+        """
+        cost = np.asarray(cost, dtype=float)
+        budget = self.share * float(cost.sum())
+        kappa = self.kappa()
+        rule = self.rule if rule is None else rule
+        eta2 = None if kappa is None else kappa * np.asarray(proxy, dtype=float)
+        if rule == "uniform" or eta2 is None or not (np.asarray(a) ** 2 * eta2).sum() > 0:
+            return uniform_allocation(cost, budget)
+        return slate_allocation(a, np.zeros_like(eta2), eta2, cost, budget, rule=rule, floor=self.floor)
+
+    def observe(self, z, p, delta_hat, y, proxy) -> None:
+        """Learn from one rollout's exact evaluations (``z`` = 1) after its credit is formed.
+
+        ``z, p`` per slate; ``delta_hat, y, proxy`` per (slate, agent); y is read where z = 1.
+        """
+        z = np.asarray(z, dtype=bool)
+        p = np.asarray(p, dtype=float)
+        dh, proxy = np.asarray(delta_hat, dtype=float), np.asarray(proxy, dtype=float)
+        K = dh.shape[-1]
+        err = np.zeros(K)
+        if z.any():
+            d = dh[z] - np.asarray(y, dtype=float)[z]
+            err = (d**2 / p[z][..., None]).reshape(-1, K).sum(0)
+        if self.err_sum is None:
+            self.err_sum, self.proxy_sum = np.zeros(K), np.zeros(K)
+        self.err_sum = self.err_sum + err
+        self.proxy_sum = self.proxy_sum + proxy.reshape(-1, K).sum(0)
+        self.evaluations += int(z.sum())
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (plain JSON types)."""
+        return {"share": self.share, "rule": self.rule, "floor": self.floor, "evaluations": self.evaluations,
+                "err_sum": None if self.err_sum is None else self.err_sum.tolist(),
+                "proxy_sum": None if self.proxy_sum is None else self.proxy_sum.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.share, self.rule, self.floor = float(state["share"]), state["rule"], float(state["floor"])
+        self.evaluations = int(state["evaluations"])
+        self.err_sum = None if state["err_sum"] is None else np.array(state["err_sum"], dtype=float)
+        self.proxy_sum = None if state["proxy_sum"] is None else np.array(state["proxy_sum"], dtype=float)

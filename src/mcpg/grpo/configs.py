@@ -119,6 +119,11 @@ class GRPOConfig(Mapping):
     """added to the group standard deviation (TRL's default 1e-4)."""
     scale_rewards: str = "group"
     """TRL scale_rewards — group (divide by the group's std) | none (centred only)."""
+    exact_budget: float = 0.0
+    """expected share of slates evaluated exactly (every candidate's reward queried) and
+    credited by Eq. (21), signal removal only; 0 — Eq. (19) alone, 1 — the oracle (chapter 9)."""
+    allocation: str = "sqrt"
+    """which slates get the exact budget — sqrt (Eq. 22) | uniform | proportional."""
     router_tau: float = 1.0
     """Eq. (3) temperature."""
     router_eps: float = 0.1
@@ -282,6 +287,13 @@ def _check(cfg: GRPOConfig) -> None:
     if cfg["scale_rewards"] not in ("group", "none"):
         raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', "
                          f"got {cfg['scale_rewards']!r}")
+    if (isinstance(cfg["exact_budget"], bool) or not isinstance(cfg["exact_budget"], (int, float))
+            or not 0 <= cfg["exact_budget"] <= 1):
+        raise ValueError(f"config key 'exact_budget' must lie in [0, 1], got {cfg['exact_budget']!r}")
+    from ..allocation import ALLOCATIONS
+
+    if cfg["allocation"] not in ALLOCATIONS:
+        raise ValueError(f"config key 'allocation' must be one of {ALLOCATIONS}, got {cfg['allocation']!r}")
     _positive_int(cfg, "eval_batch_size")
     if cfg["instruction"] is not None and not isinstance(cfg["instruction"], str):
         raise ValueError(f"config key 'instruction' must be a string or null, got {cfg['instruction']!r}")

@@ -15,6 +15,11 @@ candidate ``I`` and its reward ``G = R^(I)``. This module turns them into a loss
    - ``"oracle"``: a diagnostic that is *not* available under filtered feedback: the exact
      removal contribution with ``g_j = R^(j)``, every candidate's own reward.
 
+   :func:`budgeted_removal` is removal with exact evaluations on a budget (paper §7 inside
+   the loop; chapter 9): a share of the slates, drawn by Eq. (22)'s allocation, get every
+   candidate's reward queried, and the credit is Eq. (21)'s corrected estimate. Budget 0 is
+   ``"removal"``, budget 1 is ``"oracle"``, exactly.
+
 2. :func:`group_advantages` turns each agent's scores into advantages within its group of
    m completions of the same prompt, in TRL's conventions (``scale_rewards="group"``:
    :func:`group_standardize`, GRPO's group-relative advantage; ``"none"``: centred only, as
@@ -43,7 +48,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
-from .. import routing
+from .. import allocation, routing
 
 __all__ = [
     "SIGNALS",
@@ -51,6 +56,9 @@ __all__ = [
     "SCALE_REWARDS",
     "ADVANTAGE_EPS",
     "credit",
+    "ExactFeedback",
+    "budgeted_removal",
+    "credit_leverage",
     "group_standardize",
     "group_advantages",
     "zero_std_groups",
@@ -204,6 +212,103 @@ def zero_std_groups(scores, axis: int = -2) -> np.ndarray:
     return np.isclose(std, 0.0, rtol=1e-5, atol=1e-8)
 
 
+def credit_leverage(
+    scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2
+) -> np.ndarray:
+    """The gradient leverage a of each credit score: how much an error in it moves its advantage.
+
+    With ``scale_rewards="none"`` the advantage is the centred score, so a = 1. With
+    ``"group"`` it is divided by the group's standard deviation, so to first order an error
+    in one score moves its advantage by 1/(std + eps): a = 1/(std + eps) of the agent's
+    group (the m scores on ``axis``). Returns an array of the shape of ``scores``.
+    """
+    x = _np(scores, "scores").astype(float)
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    if scale_rewards == "none":
+        return np.ones_like(x)
+    std = x.std(axis=axis, ddof=1, keepdims=True)
+    return np.broadcast_to(1.0 / (std + eps), x.shape).copy()
+
+
+@dataclass(frozen=True)
+class ExactFeedback:
+    """The exact evaluations of one rollout (:func:`budgeted_removal`), per slate ``(..., m)``.
+
+    Attributes:
+        p: the probability each slate was evaluated with (Eq. 22, floored).
+        z: 1 where it was evaluated (every candidate's reward queried).
+        cost: reward queries beyond the deployed one: K − 1 where z = 1, else 0.
+        delta_hat: Eq. (19)'s estimate, ``(..., m, K)``.
+        proxy: the predicted squared error v of :func:`mcpg.allocation.removal_error_proxy`.
+        leverage: a of :func:`credit_leverage`, ``(..., m, K)``.
+    """
+
+    p: np.ndarray
+    z: np.ndarray
+    cost: np.ndarray
+    delta_hat: np.ndarray
+    proxy: np.ndarray
+    leverage: np.ndarray
+
+
+def budgeted_removal(
+    selected,
+    reward,
+    p,
+    P,
+    mu_hat,
+    rewards_all,
+    budget: allocation.ExactBudget,
+    rng: np.random.Generator,
+    scale_rewards: str = "group",
+    advantage_eps: float = ADVANTAGE_EPS,
+) -> tuple[np.ndarray, ExactFeedback]:
+    """Removal credit with exact evaluations on a budget: Eq. (19), Eq. (22), Eq. (21).
+
+    Shapes ``(..., m, K)`` with the GRPO group (m slates of one prompt) on axis -2.
+
+    1. Δ̂ = Eq. (19) from the selected feedback (:func:`credit` ``"removal"``);
+    2. per slate, p from ``budget`` (:meth:`mcpg.allocation.ExactBudget.probabilities`): the
+       leverage a of :func:`credit_leverage`, the predicted η² from the outcome model and the
+       calibration learned from earlier evaluations, cost K − 1;
+    3. Z ~ Bernoulli(p) per slate, from ``rng`` (its own generator, so that budget 0 draws
+       nothing and leaves every other draw as in ``"removal"``);
+    4. where Z = 1, every candidate's reward is read and Y = the exact removal contribution
+       (the ``"oracle"`` credit of that slate); the credit is Eq. (21)'s
+       Δ̃ = Δ̂ + Z/p (Y − Δ̂), unbiased for Y on every slate whatever the allocation, as p > 0;
+    5. ``budget`` learns from this rollout's evaluations (used from the next rollout on).
+
+    Returns ``(credit, ExactFeedback)``. With ``budget.share == 0`` the credit is Δ̂ itself
+    (no evaluation); with ``share == 1`` every p = 1 and the credit is Y itself.
+    """
+    delta_hat = credit("removal", selected, reward, p, P, mu_hat)
+    p_arr = _np(p, "p").astype(float)
+    slate_shape, K = p_arr.shape[:-1], p_arr.shape[-1]
+    zeros = np.zeros(slate_shape)
+    if budget.share == 0.0:
+        none = np.zeros_like(delta_hat)
+        return delta_hat, ExactFeedback(p=zeros, z=zeros.astype(int), cost=zeros, delta_hat=delta_hat,
+                                        proxy=none, leverage=none + 1.0)
+    proxy = allocation.removal_error_proxy(selected, reward, p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
+    lev = credit_leverage(delta_hat, scale_rewards, advantage_eps, axis=-2)
+    cost = np.full(slate_shape, float(K - 1))
+    prob = budget.probabilities(lev.reshape(-1, K), proxy.reshape(-1, K), cost.reshape(-1))
+    prob = prob.reshape(slate_shape)
+    z = (rng.random(slate_shape) < prob).astype(int)
+    R = _np(rewards_all, "rewards_all").astype(float)
+    if R.shape != p_arr.shape:
+        raise ValueError(f"rewards_all must have shape {p_arr.shape}, got {R.shape}")
+    # read the rewards of evaluated slates only (the others stay unqueried: zeros)
+    R_read = np.where(z[..., None] == 1, R, 0.0)
+    y = routing.removal_contributions(R_read, p_arr, _np(P, "P"))
+    scores = allocation.corrected_contribution(delta_hat, y, z[..., None], prob[..., None])  # Eq. (21)
+    budget.observe(z.reshape(-1), prob.reshape(-1), delta_hat.reshape(-1, K), y.reshape(-1, K),
+                   proxy.reshape(-1, K))
+    return scores, ExactFeedback(p=prob, z=z, cost=z * float(K - 1), delta_hat=delta_hat, proxy=proxy,
+                                 leverage=lev)
+
+
 @dataclass(frozen=True)
 class RoutedCredit:
     """What :func:`route_and_credit` returns for one routed rollout of shape ``(..., m, K)``.
@@ -214,6 +319,7 @@ class RoutedCredit:
         scores: the signal's per-agent credit (:func:`credit`), ``(..., m, K)``.
         advantages: the per-agent group advantages (:func:`group_advantages`), ``(..., m, K)``.
         zero_std_fraction: per agent, the share of groups whose scores have zero spread, ``(K,)``.
+        exact: with an exact budget, the rollout's :class:`ExactFeedback` (else None).
     """
 
     I: np.ndarray  # noqa: E741 (the paper's name)
@@ -221,6 +327,7 @@ class RoutedCredit:
     scores: np.ndarray
     advantages: np.ndarray
     zero_std_fraction: np.ndarray
+    exact: ExactFeedback | None = None
 
 
 def route_and_credit(
@@ -232,6 +339,8 @@ def route_and_credit(
     rng: np.random.Generator | Sequence[np.random.Generator],
     scale_rewards: str = "group",
     advantage_eps: float = ADVANTAGE_EPS,
+    budget: allocation.ExactBudget | Sequence[allocation.ExactBudget] | None = None,
+    budget_rng: np.random.Generator | Sequence[np.random.Generator] | None = None,
 ) -> RoutedCredit:
     """Route, draw I, credit, advantages: one step of the multi-agent GRPO update (paper §8).
 
@@ -249,6 +358,10 @@ def route_and_credit(
         rng: a generator, or a sequence of generators, one per index of the first axis (the
             simulated pool runs independent seeds side by side).
         scale_rewards, advantage_eps: TRL's advantage scaling (:data:`SCALE_REWARDS`, ``1e-4``).
+        budget, budget_rng: for ``"removal"`` only, exact evaluations on a budget
+            (:func:`budgeted_removal`): an :class:`mcpg.allocation.ExactBudget` and its own
+            generator, or one of each per index of the first axis, like ``rng``. None: Eq. (19)
+            alone.
 
     K = 1 works: removal's leave-one-out slate is empty (deploys nothing, value 0), so
     removal, winner-take-all and the oracle all credit the single agent with G.
@@ -266,11 +379,31 @@ def route_and_credit(
                              f"({p.shape[0]}), got {len(rngs)}")
         I = np.stack([routing.sample_selection(p[s], r) for s, r in enumerate(rngs)])  # noqa: E741
     G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
-    scores = credit(signal, I, G, p, P, mu_hat, rewards_all=R if signal == "oracle" else None)
+    exact = None
+    if budget is None:
+        scores = credit(signal, I, G, p, P, mu_hat, rewards_all=R if signal == "oracle" else None)
+    elif signal != "removal":
+        raise ValueError(f"an exact budget corrects the removal signal only, got signal {signal!r}")
+    elif isinstance(budget, allocation.ExactBudget):
+        if not isinstance(budget_rng, np.random.Generator):
+            raise ValueError("budget_rng must be a numpy Generator when budget is one ExactBudget")
+        scores, exact = budgeted_removal(I, G, p, P, mu_hat, R, budget, budget_rng,
+                                         scale_rewards, advantage_eps)
+    else:  # one budget and one generator per index of the first axis (independent seeds)
+        budgets, brngs = list(budget), list(budget_rng or [])
+        if len(budgets) != p.shape[0] or len(brngs) != p.shape[0]:
+            raise ValueError(f"one budget and one budget_rng per index of the first axis ({p.shape[0]}) "
+                             f"are needed, got {len(budgets)} and {len(brngs)}")
+        P_arr, mu_arr = _np(P, "P"), _np(mu_hat, "mu_hat")
+        parts = [budgeted_removal(I[s], G[s], p[s], P_arr[s], mu_arr[s], R[s], b, r, scale_rewards,
+                                  advantage_eps) for s, (b, r) in enumerate(zip(budgets, brngs))]
+        scores = np.stack([c for c, _ in parts])
+        exact = ExactFeedback(**{f: np.stack([getattr(e, f) for _, e in parts])
+                                 for f in ("p", "z", "cost", "delta_hat", "proxy", "leverage")})
     adv = group_advantages(scores, scale_rewards=scale_rewards, eps=advantage_eps, axis=-2)
     zs = zero_std_groups(scores, axis=-2)
     return RoutedCredit(I=I, G=G, scores=scores, advantages=adv,
-                        zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0))
+                        zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0), exact=exact)
 
 
 def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",

@@ -13,7 +13,10 @@ One update, top to bottom (:func:`train`):
    candidate ``I ~ p`` and only ``G = R^(I)`` is fed back (filtered feedback).
 4. **Credit.** The signal scores each agent on each slate (:func:`mcpg.grpo.objective.credit`):
    ``wta`` = ``1{I=i} G``; ``removal`` = Eq. (19) with the logged propensities; ``oracle``
-   (diagnostic) = exact removal contribution with every candidate's reward.
+   (diagnostic) = exact removal contribution with every candidate's reward. With
+   ``exact_budget`` > 0, removal evaluates a share of the slates exactly, chosen by Eq. (22)
+   (``allocation``), and credits Eq. (21)'s corrected estimate
+   (:func:`mcpg.grpo.objective.budgeted_removal`; chapter 9).
 5. **Advantages.** Each agent's scores are standardised within its group of m completions.
 6. **Actor update.** The clipped GRPO loss (TRL's token-level convention, ``loss_type``
    ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW.
@@ -32,7 +35,8 @@ Run directory::
     config.json          the resolved config, the signal, where the model came from
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
-    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score)
+    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score;
+                         with an exact budget also exact_z, exact_p: evaluated, its probability)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>.safetensors, router.safetensors    the final weights
     checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
@@ -54,6 +58,12 @@ key                             meaning
 ``selected_fraction``           per agent: share of slates that deployed it (near 1 for one agent:
                                 routing collapse)
 ``credit_mean``                 per agent: mean credit score before standardisation
+``exact_evaluations``           slates evaluated exactly (every candidate's reward queried; config key
+                                ``exact_budget``, removal only; 0 otherwise)
+``feedback_cost``               reward queries beyond the deployed ones: K - 1 per exact evaluation
+``exact_share``                 realised budget share: exact evaluations / slates of the rollout
+``exact_share_expected``        mean evaluation probability of the rollout's slates (its expectation;
+                                ``exact_budget`` whenever every slate has a positive predicted error)
 ``zero_std_fraction``           per agent: share of its groups (m completions of one prompt) whose
                                 credit scores have zero spread: no learning signal there
 ``zero_std_reward_fraction``    per agent: share of its groups whose own rewards R^(i) are all equal
@@ -135,6 +145,7 @@ import numpy as np
 import torch
 
 from .. import routing
+from ..allocation import ExactBudget
 from ..stats import roc_auc
 from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
@@ -182,6 +193,9 @@ class Engine:
 
         if signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
+        if cfg["exact_budget"] and signal != "removal":
+            raise ValueError(f"config key 'exact_budget' corrects the removal signal only, "
+                             f"got signal {signal!r}")
         self.cfg, self.signal = cfg, signal
         if cfg["threads"]:  # as the command line does: one thread avoids oversubscribed cores
             torch.set_num_threads(cfg["threads"])
@@ -196,6 +210,9 @@ class Engine:
         random.seed(seed + self.dist.rank)
         self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
         self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
+        # exact evaluations on a budget (removal only): their own draws Z, so budget 0 changes nothing
+        self.budget = ExactBudget(cfg["exact_budget"], cfg["allocation"]) if signal == "removal" else None
+        self.budget_rng = np.random.default_rng([seed, 3, self.dist.rank])
 
         self.train_set = _load_split(cfg, "train") if load_train else []
         self.eval_set = _load_split(cfg, "test")
@@ -327,8 +344,12 @@ class Engine:
             self.select_rng,
             scale_rewards=cfg["scale_rewards"],
             advantage_eps=cfg["advantage_eps"],
+            budget=self.budget,
+            budget_rng=self.budget_rng if self.budget is not None else None,
         )
         I, G, scores = rc.I, rc.G, rc.scores  # noqa: E741 (the paper's name)
+        exact_z = rc.exact.z if rc.exact is not None else np.zeros(I.shape, dtype=int)
+        exact_p = rc.exact.p if rc.exact is not None else np.zeros(I.shape)
         adv_rows = torch.as_tensor(rc.advantages.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
 
         # 6. actor update
@@ -380,6 +401,8 @@ class Engine:
                 "p": p.reshape(-1, K).tolist(),
                 "P": P.reshape(-1, K, K).tolist(),
                 "mu_hat": mu.reshape(-1, K).tolist(),
+                "exact_z": exact_z.reshape(-1).tolist(),
+                "exact_p": exact_p.reshape(-1).tolist(),
             }
         ]
         st = self.dist.gather(local_stats)
@@ -388,6 +411,9 @@ class Engine:
         # the logged slates (slates.jsonl): every candidate's reward is known here, so Eq. 19 can be
         # checked against the exact removal contribution on real LLM slates
         self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score")}
+        if cfg["exact_budget"]:  # which slates were evaluated exactly, and with what probability
+            self.last_slates.update({k: cat[k] for k in ("exact_z", "exact_p")})
+        n_exact = int(np.sum(cat["exact_z"]))
         return {
             "update": self.step,
             "signal": self.signal,
@@ -399,6 +425,10 @@ class Engine:
             "specialization": _mean(cat["spec"]),
             "selected_fraction": [float((Iall == k).mean()) for k in range(K)],
             "credit_mean": np.array(cat["score"]).mean(0).tolist(),
+            "exact_evaluations": n_exact,
+            "feedback_cost": n_exact * (K - 1),
+            "exact_share": n_exact / len(cat["exact_z"]),
+            "exact_share_expected": _mean(cat["exact_p"]),
             "loss": losses,
             "router_loss": router_loss,
             "completion_tokens": _mean(cat["len"]),
@@ -531,6 +561,9 @@ class Engine:
             )
         self.dist.barrier()
         torch.save(rank_state, tmp / f"rng_rank{self.dist.rank}.pt")
+        if self.budget is not None:  # the exact budget's estimates and its draws Z (per process)
+            write_json(tmp / f"budget_rank{self.dist.rank}.json",
+                       {"budget": self.budget.state_dict(), "rng": self.budget_rng.bit_generator.state})
         self.dist.barrier()
         if self.dist.main:
             old = folder.with_name(folder.name + ".old")
@@ -559,6 +592,11 @@ class Engine:
             self.data_rng,
             self.select_rng,
         )
+        budget_file = folder / f"budget_rank{self.dist.rank}.json"
+        if self.budget is not None and budget_file.exists():
+            saved = json.loads(budget_file.read_text())
+            self.budget.load_state_dict(saved["budget"])
+            self.budget_rng.bit_generator.state = saved["rng"]
         self.step = int(state["step"])
 
 

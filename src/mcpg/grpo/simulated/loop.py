@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ... import routing
+from ... import allocation, routing
 from ..objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .pool import (
     DIAGNOSTIC_KEYS,
@@ -143,6 +143,16 @@ class SimRun:
         logits: the agents' logits at each checkpoint, (n_seeds, n_ckpt, K, T, M).
         router: the router's weights at each checkpoint, (n_seeds, n_ckpt, F).
         seconds: wall-clock time of the whole run.
+        exact: with ``cfg.exact_budget`` > 0 (method ``removal``), per seed, arrays (n_seeds,)
+            summed over every rollout: ``slates``, ``evaluations`` (exact), ``cost`` (reward
+            queries beyond the deployed ones), and the gradient error of the credit, in
+            Theorem 2's units Σ a²(Δ̃ − Δ)² with a the leverage of
+            :func:`~mcpg.grpo.objective.credit_leverage` and η² = (Δ̂ − Δ)² the true error
+            (the simulator knows every reward): ``risk`` of the allocation used, ``risk_uniform``
+            of the uniform one at the same expected cost, ``risk_bound`` Theorem 3's lower bound
+            at that cost, ``risk_removal`` = Σ a²η², the error of Eq. (19) alone on the same
+            slates, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its expectation is ``risk``).
+            None otherwise.
     """
 
     cfg: SimConfig
@@ -154,6 +164,7 @@ class SimRun:
     logits: np.ndarray
     router: np.ndarray
     seconds: float = 0.0
+    exact: dict[str, np.ndarray] | None = None
 
     def frame(self):
         """Long pandas DataFrame: one row per (seed, checkpoint), a column per metric."""
@@ -268,6 +279,12 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     by_type = {k: np.full((S, len(ckpts), T), np.nan) for k in ("accuracy", "oracle", "distinct")}
     logit_snap = np.zeros((S, len(ckpts), K, T, M))
     router_snap = np.zeros((S, len(ckpts), cfg.n_features))
+    budgeted = method == "removal" and cfg.exact_budget > 0
+    budgets = [allocation.ExactBudget(cfg.exact_budget, cfg.allocation) for _ in seeds] if budgeted else None
+    budget_rngs = [np.random.default_rng([s, 4]) for s in seeds] if budgeted else None  # the draws Z
+    exact_keys = ("slates", "evaluations", "cost", "risk", "risk_uniform", "risk_bound", "risk_removal",
+                  "loss")
+    exact = {k: np.zeros(S) for k in exact_keys} if budgeted else None
     ci = 0
     for u in range(cfg.updates + 1):
         if u in ckpts:
@@ -309,9 +326,12 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         # 4. draw I ~ p, feed back G = R^(I), credit each agent, per-agent group advantages
         signal = "wta" if method == "frozen" else method  # frozen: routed alike, no actor update
         step = route_and_credit(
-            signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards, advantage_eps=cfg.advantage_eps
+            signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards, advantage_eps=cfg.advantage_eps,
+            budget=budgets, budget_rng=budget_rngs,
         )
         I, G = step.I, step.G  # noqa: E741 (the paper's name)
+        if budgeted:
+            _exact_diagnostics(exact, step.exact, step.scores, R, p, P, cfg.exact_budget)
         if u in ckpts:
             hist["train_reward"][:, ci - 1] = G.reshape(S, -1).mean(1)
             # per seed: the share of its (question, agent) groups whose m scores are all equal
@@ -367,7 +387,34 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         logits=logit_snap,
         router=router_snap,
         seconds=time.perf_counter() - t0,
+        exact=exact,
     )
+
+
+def _exact_diagnostics(acc: dict, ex, scores, R, p, P, share: float) -> None:
+    """Add one rollout's exact-budget accounting and gradient errors to ``acc`` (per seed).
+
+    Diagnostics only: they read every candidate's reward (the exact Δ on every slate), as the
+    oracle does; the credit itself never did.
+    """
+    S, K = R.shape[0], R.shape[-1]
+    delta = routing.removal_contributions(R, p, P)  # exact Δ on every slate
+    eta2 = (ex.delta_hat - delta) ** 2
+    for s in range(S):
+        a, e2 = ex.leverage[s].reshape(-1, K), eta2[s].reshape(-1, K)
+        prob = ex.p[s].reshape(-1)
+        cost = np.full(prob.shape, float(K - 1))
+        C = share * cost.sum()
+        one, s2, se2 = allocation.slate_entries(a, np.zeros_like(e2), e2)
+        acc["slates"][s] += prob.size
+        acc["evaluations"][s] += ex.z[s].sum()
+        acc["cost"][s] += ex.cost[s].sum()
+        acc["risk"][s] += allocation.allocation_risk(prob, one, s2, se2)
+        uniform = allocation.uniform_allocation(cost, C)
+        acc["risk_uniform"][s] += allocation.allocation_risk(uniform, one, s2, se2)
+        acc["risk_bound"][s] += allocation.risk_lower_bound(one, s2, se2, cost, C)
+        acc["risk_removal"][s] += float(se2.sum())  # Eq. (19) alone: Σ a² η²
+        acc["loss"][s] += float(np.sum(a**2 * (scores[s].reshape(-1, K) - delta[s].reshape(-1, K)) ** 2))
 
 
 @_one_thread

@@ -82,6 +82,11 @@ class SimConfig:
         router_lr, router_steps: Adam on the router after each actor update.
         eval_questions: held-out questions per seed.
         eval_every: evaluate every this many updates (and at 0 and at the end).
+        exact_budget: method ``removal`` only: the expected share of slates evaluated exactly
+            and credited by Eq. (21) (:func:`~mcpg.grpo.objective.budgeted_removal`; chapter 9);
+            0 (the default) is Eq. (19) alone.
+        allocation: which slates get the budget: ``"sqrt"`` (Eq. 22), ``"uniform"`` or
+            ``"proportional"`` (:data:`mcpg.allocation.ALLOCATIONS`).
     """
 
     n_agents: int = 3
@@ -109,8 +114,16 @@ class SimConfig:
     router_steps: int = 5
     eval_questions: int = 500
     eval_every: int = 5
+    exact_budget: float = 0.0
+    allocation: str = "sqrt"
 
     def __post_init__(self) -> None:
+        from ...allocation import ALLOCATIONS
+
+        if not 0.0 <= self.exact_budget <= 1.0:
+            raise ValueError(f"exact_budget must lie in [0, 1], got {self.exact_budget}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {self.allocation!r}")
         probs = np.asarray(self.answer_probs, dtype=float)
         if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 2:
             raise ValueError(f"answer_probs must be a (T, M) table with M >= 2, got shape {probs.shape}")
