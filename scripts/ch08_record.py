@@ -12,6 +12,7 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
+    python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
 
 The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
 ``ch08-grid-control.json``); a grid job may override keys (its advantage scaling).
@@ -22,7 +23,7 @@ the grid's recorded runs name in their PROVENANCE.json. A recording that spans s
 runs from a worktree at that commit, writing into this checkout's results::
 
     git worktree add /tmp/grid-rec <commit> && cd /tmp/grid-rec
-    python scripts/ch08_record.py grid --parallel 2 --results /path/to/repo/data/results/ch08
+    python scripts/ch08_record.py grid --parallel 2 --results /path/to/repo/data/results
 """
 
 from __future__ import annotations
@@ -39,37 +40,46 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "data" / "results" / "ch08"
+RESULTS = ROOT / "data" / "results"
 COPIED = ("config.json", "initial_eval.json", "metrics.jsonl", "slates.jsonl", "eval.json")
 
 JOBS = {
-    "control": [("wta", 0, "control")],
+    "control": [("wta", 0, "ch08/control")],
     # wta and removal on 3 seeds each, the full-feedback oracle on 1; interleaved so that a
     # partial recording still pairs the two signals seed by seed
     "compare": [
-        ("wta", 0, "compare/wta/seed0"),
-        ("removal", 0, "compare/removal/seed0"),
-        ("oracle", 0, "compare/oracle/seed0"),
-        ("wta", 1, "compare/wta/seed1"),
-        ("removal", 1, "compare/removal/seed1"),
-        ("wta", 2, "compare/wta/seed2"),
-        ("removal", 2, "compare/removal/seed2"),
+        ("wta", 0, "ch08/compare/wta/seed0"),
+        ("removal", 0, "ch08/compare/removal/seed0"),
+        ("oracle", 0, "ch08/compare/oracle/seed0"),
+        ("wta", 1, "ch08/compare/wta/seed1"),
+        ("removal", 1, "ch08/compare/removal/seed1"),
+        ("wta", 2, "ch08/compare/wta/seed2"),
+        ("removal", 2, "ch08/compare/removal/seed2"),
     ],
     # a diagnosis, not part of the comparison: removal with centred advantages (scale_rewards
     # "none"), which keeps Eq. (19)'s estimator noise at its own scale instead of dividing a
     # group of near-equal credits by their tiny spread
-    "compare-unscaled": [("removal", 0, "compare-unscaled/removal/seed0")],
+    "compare-unscaled": [("removal", 0, "ch08/compare-unscaled/removal/seed0")],
     # the verdict's grid: K = 1 controls first (they fix the budget), then wta and removal under
     # both advantage scalings, seed by seed so that a partial recording stays paired, and the
     # full-feedback oracle under both scalings
     "grid": [
-        *[("wta", k, f"grid/control/seed{k}", {}, "grid-control") for k in range(3)],
-        *[(sig, k, f"grid/{sig}-{sc}/seed{k}", {"scale_rewards": sc}, "grid")
+        *[("wta", k, f"ch08/grid/control/seed{k}", {}, "grid-control") for k in range(3)],
+        *[(sig, k, f"ch08/grid/{sig}-{sc}/seed{k}", {"scale_rewards": sc}, "grid")
           for k in range(3) for sc in ("group", "none") for sig in ("wta", "removal")],
-        *[("oracle", 0, f"grid/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid")
+        *[("oracle", 0, f"ch08/grid/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid")
           for sc in ("group", "none")],
     ],
+    # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
+    # on the grid's pool and commit; record the scaling the grid found better with --only
+    "ch09": [
+        ("removal", k, f"ch09/llm/removal-b{b}-{sc}/seed{k}",
+         {"scale_rewards": sc, "exact_budget": b, "allocation": "sqrt"}, "grid")
+        for sc in ("group", "none") for k in range(3) for b in (0.1, 0.3)
+    ],
 }
+ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm")}
+"""Recordings whose runs are compared with each other: each must run at one commit."""
 
 
 def _job(job: tuple, what: str) -> tuple[str, int, str, dict, str]:
@@ -180,12 +190,12 @@ def _record(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=sorted(JOBS))
-    ap.add_argument("--runs", default=str(ROOT / "runs" / "ch08"), help="where the run directories live")
+    ap.add_argument("--runs", default=str(ROOT / "runs"), help="where the run directories live")
     ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
     ap.add_argument("--only", nargs="+", metavar="RUN",
-                    help="record only these jobs, named by their folder (e.g. compare/removal/seed2)")
+                    help="record only these jobs, named by their folder (e.g. ch08/compare/removal/seed2)")
     ap.add_argument("--results", default=str(RESULTS),
-                    help="where recorded runs are copied (default: this checkout's data/results/ch08)")
+                    help="where recorded runs are copied (default: this checkout's data/results)")
     a = ap.parse_args(argv)
     results = Path(a.results)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -195,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"no job {unknown} in {a.what!r}; its jobs are {known}")
     head = _git("rev-parse", "HEAD")
-    if a.what == "grid":  # one recording, one commit
-        recorded = (results / "grid").glob("*/seed*/PROVENANCE.json")
+    if a.what in ONE_COMMIT:  # one recording, one commit
+        recorded = [f for d in ONE_COMMIT[a.what] for f in (results / d).glob("*/seed*/PROVENANCE.json")]
         commits = {json.loads(f.read_text()).get("commit") for f in recorded}
         if commits - {head}:
             ap.error(f"the grid's recorded runs ran at {sorted(commits)}, this checkout is at {head}: "
