@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+from _provenance import commit, machine
 
 from mcpg.grpo import simulated as sim
 
@@ -44,18 +42,6 @@ AXES = {
 SCALINGS = ("group", "none")
 SIGNALS = ("wta", "removal", "oracle")
 KEYS = sim.EVAL_KEYS + sim.SAMPLED_KEYS + sim.DIAGNOSTIC_KEYS
-
-
-def _commit() -> str:
-    try:
-
-        def git(*a):
-            return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
-
-        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "src")
-        return sha + ("+dirty-src" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _record(run: sim.SimRun) -> dict:
@@ -86,11 +72,9 @@ def main() -> None:
     data.update(
         {
             "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            "commit": _commit(),
+            "commit": commit(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+            "machine": machine(),
             "seeds": SEEDS,
             "axes": AXES,
             "base_config": {k: v for k, v in asdict(base).items()},

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+
+from _provenance import commit, machine
 
 from mcpg.grpo import simulated as sim
 
@@ -58,19 +57,6 @@ SIGNALS = ("wta", "removal", "oracle")
 KEYS = sim.EVAL_KEYS + sim.DIAGNOSTIC_KEYS
 DIAG = ("no_right", "auc", "abs_ea_group", "abs_ea_none", "abs_ea_group_no_right",
         "abs_ea_none_no_right", "corr_p", "corr_mu")
-
-
-def _commit() -> str:
-    try:
-
-        def git(*a):
-            out = subprocess.run(["git", *a], capture_output=True, text=True, check=True)
-            return out.stdout.strip()
-
-        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "src", "scripts")
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def config(cell: dict, scale: str) -> sim.SimConfig:
@@ -105,14 +91,11 @@ def main() -> None:
             data = old
     done = {(json.dumps(r["cell"], sort_keys=True), r["scale_rewards"], r["method"])
             for r in data["results"]}
-    machine = (f"{platform.node()}: {platform.processor() or platform.machine()}, "
-               f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     data.update({
         "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-        "commit": _commit(),
+        "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": machine,
+        "machine": machine(),
         "seeds": SEEDS,
         "cells": CELLS,
         "weak_answer_probs": [list(r) for r in WEAK],

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+from _provenance import commit, machine
 
 from mcpg.grpo import simulated as sim
 
@@ -46,18 +44,6 @@ BUDGETS = [0.02, 0.05, 0.1, 0.25, 0.5]
 ALLOCATIONS = ["sqrt", "uniform", "proportional"]
 SCALINGS = ["group", "none"]
 KEYS = sim.EVAL_KEYS + sim.SAMPLED_KEYS + sim.DIAGNOSTIC_KEYS
-
-
-def _commit() -> str:
-    try:
-
-        def git(*a):
-            return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
-
-        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "src")
-        return sha + ("+dirty-src" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def agent_accuracy(run: sim.SimRun) -> dict[str, list]:
@@ -119,11 +105,9 @@ def main() -> None:
     data.update(
         {
             "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            "commit": _commit(),
+            "commit": commit(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
+            "machine": machine(),
             "seeds": seeds,
             "budgets": BUDGETS,
             "allocations": ALLOCATIONS,

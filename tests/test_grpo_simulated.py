@@ -593,12 +593,17 @@ def test_reversal_record_round_trip(tmp_path):
     """scripts/ch07_reversal.py's record of a run, read back by load_reversal, pairs by seed."""
     import importlib.util
     import json
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "ch07_reversal.py"
-    spec = importlib.util.spec_from_file_location("ch07_reversal", path)
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    spec = importlib.util.spec_from_file_location("ch07_reversal", scripts / "ch07_reversal.py")
     script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    sys.path.insert(0, str(scripts))  # as when run: the script imports _provenance beside it
+    try:
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(scripts))
     cell = {"agents": "default", "unsolvable": 0.4, "check_flip": 0.2}
     assert script.config(cell, "none").unsolvable == 0.4
     assert script.config({**cell, "agents": "weak"}, "group").n_answers == 6
