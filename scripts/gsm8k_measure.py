@@ -52,7 +52,7 @@ from mcpg.grpo.gsm8k import is_correct, reward  # noqa: E402
 from mcpg.grpo.headroom import cut_completion, no_right_share, pass_at_k, wilson_interval  # noqa: E402
 
 MODES = ("strict", "flexible", "committed")
-PHASES = ("greedy", "arith_greedy", "arith_samples", "samples")
+PHASES = ("arith_greedy", "arith_samples", "greedy", "samples")
 KS = (1, 4, 8)
 
 
