@@ -1,8 +1,9 @@
 """The frozen SmolLM2-135M-Instruct on GSM8K and on chapter 8's arithmetic task: accuracy
 and headroom for GRPO, recorded with provenance under data/results/gsm8k/.
 
-Four phases, in this order, each appended to its own jsonl file one batch at a time (a
-rerun with the same arguments resumes where the last one stopped):
+Four phases (run in the order of ``--phases``: by default the arithmetic task's cheap greedy
+phase, GSM8K greedy, then the two sampled phases), each appended to its own jsonl file one
+batch at a time (a rerun with the same arguments resumes where the last one stopped):
 
 - ``greedy.jsonl``: greedy answers to GSM8K test problems (all 1,319 by default) at
   ``--max-new-tokens`` (256): text, token ids (EOS included when the answer ended by itself),
@@ -274,7 +275,8 @@ def parse_args(argv=None):
                     help="smaller budgets read off the greedy answers")
     ap.add_argument("--batch", type=int, default=32, help="rows per generate call")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--phases", default="arith_greedy,greedy,arith_samples,samples",
+                    help="phases to run, in this order")
     ap.add_argument("--max-batches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarize", action="store_true")
@@ -345,10 +347,9 @@ def main(argv=None) -> dict:
             "arith_greedy": (arith, True, args.arith_max_new_tokens),
             "arith_samples": (arith, False, args.arith_max_new_tokens),
             "samples": (sample_set, False, args.max_new_tokens)}
-    for name in PHASES:
-        if name in args.phases:
-            probs, greedy, budget = plan[name]
-            run_phase(name, probs, pool, out, args, greedy, budget)
+    for name in args.phases:  # in the order given
+        probs, greedy, budget = plan[name]
+        run_phase(name, probs, pool, out, args, greedy, budget)
     prov = json.loads(prov_path.read_text())
     prov["sessions"][-1].update(ended=_now(), wall_s=round(time.perf_counter() - t0, 1),
                                 cpu_s=round(time.process_time() - c0, 1))
