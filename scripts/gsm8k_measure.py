@@ -115,7 +115,8 @@ def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_token
 
     path = out / f"{name}.jsonl"
     done = read_rows(path)
-    _rewrite(path, done)  # drop a torn last line
+    if path.exists():
+        _rewrite(path, done)  # drop a torn last line
     per_batch = args.batch if greedy else max(1, args.batch // args.samples)
     n_rows = 1 if greedy else args.samples
     tok = pool.tokenizer
