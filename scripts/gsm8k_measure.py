@@ -1,9 +1,13 @@
 """The frozen SmolLM2-135M-Instruct on GSM8K and on chapter 8's arithmetic task: accuracy
 and headroom for GRPO, recorded with provenance under data/results/gsm8k/.
 
-Four phases (run in the order of ``--phases``: by default the arithmetic task's cheap greedy
-phase, GSM8K greedy, then the two sampled phases), each appended to its own jsonl file one
-batch at a time (a rerun with the same arguments resumes where the last one stopped):
+Four phases, each appended to its own jsonl file one batch at a time (a rerun with the same
+arguments resumes where the last one stopped). By default (``--schedule interleave``) the
+next batch always comes from the phase that has had the least CPU time so far, so that all
+phases advance together and a recording cut short holds a prefix of every phase (the
+sampled phases' problems are drawn at random, so their prefixes are random subsets);
+``--schedule sequential`` runs them one after another in the order of ``--phases``. Each
+batch is seeded by its phase and first problem, so rows do not depend on the schedule:
 
 - ``greedy.jsonl``: greedy answers to GSM8K test problems (all 1,319 by default) at
   ``--max-new-tokens`` (256): text, token ids (EOS included when the answer ended by itself),
@@ -107,8 +111,10 @@ def _completion(roll, r: int) -> tuple[list[int], int, bool]:
     return roll.completion_ids[r, :n].tolist(), n, bool(roll.truncated[r])
 
 
-def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_tokens: int) -> None:
-    """Answer ``problems`` in batches, appending one row per problem to ``<name>.jsonl``."""
+def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_tokens: int,
+              batch_limit: int | None = None) -> bool:
+    """Answer ``problems`` in batches (at most ``batch_limit`` of them), appending one row per
+    problem to ``<name>.jsonl``; True when the phase is complete."""
     import torch
 
     from mcpg.grpo.agents import BASE
@@ -124,7 +130,9 @@ def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_token
     batches = 0
     while start < len(problems):
         if args.max_batches is not None and args.batches_run >= args.max_batches:
-            return
+            return False
+        if batch_limit is not None and batches >= batch_limit:
+            return False
         chunk = problems[start:start + per_batch]
         prompts = [pool.prompt(p["question"], None) for p in chunk for _ in range(n_rows)]
         t0, c0 = time.perf_counter(), time.process_time()
@@ -170,6 +178,7 @@ def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_token
         print(f"{name}: {start}/{len(problems)} problems, batch {wall:.1f} s wall, {cpu:.1f} s CPU",
               flush=True)
         summarize(out, args)
+    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,6 +287,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phases", default="arith_greedy,greedy,arith_samples,samples",
                     help="phases to run, in this order")
+    ap.add_argument("--schedule", choices=("interleave", "sequential"), default="interleave",
+                    help="interleave: next batch from the phase with the least CPU time so far "
+                         "(all phases advance together); sequential: one after another")
     ap.add_argument("--max-batches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarize", action="store_true")
@@ -348,9 +360,22 @@ def main(argv=None) -> dict:
             "arith_greedy": (arith, True, args.arith_max_new_tokens),
             "arith_samples": (arith, False, args.arith_max_new_tokens),
             "samples": (sample_set, False, args.max_new_tokens)}
-    for name in args.phases:  # in the order given
-        probs, greedy, budget = plan[name]
-        run_phase(name, probs, pool, out, args, greedy, budget)
+    if args.schedule == "sequential":
+        for name in args.phases:  # in the order given
+            probs, greedy, budget = plan[name]
+            run_phase(name, probs, pool, out, args, greedy, budget)
+    else:  # one batch at a time of the phase that has had the least CPU time so far
+        pending = list(args.phases)
+        while pending and (args.max_batches is None or args.batches_run < args.max_batches):
+            cpu = {p: 0.0 for p in pending}
+            for t in read_rows(out / "timing.jsonl"):
+                if t["phase"] in cpu:
+                    cpu[t["phase"]] += t["cpu_s"]
+            name = min(pending, key=lambda p: (cpu[p], pending.index(p)))
+            probs, greedy, budget = plan[name]
+            if run_phase(name, probs, pool, out, args, greedy, budget, batch_limit=1):
+                if len(read_rows(out / f"{name}.jsonl")) >= len(probs):
+                    pending.remove(name)
     prov = json.loads(prov_path.read_text())
     prov["sessions"][-1].update(ended=_now(), wall_s=round(time.perf_counter() - t0, 1),
                                 cpu_s=round(time.process_time() - c0, 1))

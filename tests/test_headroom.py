@@ -99,9 +99,11 @@ def test_gsm8k_measure_tiny_random(tmp_path):
     gm.main([*common, "--output", str(cut), "--max-batches", "1"])
     assert len(_rows(cut / "arith_greedy.jsonl")) == 4 and not (cut / "greedy.jsonl").exists()
     gm.main([*common, "--output", str(cut)])
+    seq = tmp_path / "seq"  # the phases one after another: the same rows
+    gm.main([*common, "--output", str(seq), "--schedule", "sequential"])
     for phase in gm.PHASES:
         a, b = _rows(one / f"{phase}.jsonl"), _rows(cut / f"{phase}.jsonl")
-        assert a == b, phase
+        assert a == b == _rows(seq / f"{phase}.jsonl"), phase
     # the summary is recomputed from the rows
     g = _rows(one / "greedy.jsonl")
     assert len(g) == 4 and summary["gsm8k"]["greedy"]["n"] == 4
