@@ -161,6 +161,8 @@ class GRPOConfig(Mapping):
     """scoring keeps only each layer's input for backward (less memory)."""
     logprob_chunk: int = 512
     """tokens per chunk of output head + log-softmax in scoring; 0 — all at once."""
+    report_to: list[str] = field(default_factory=list)
+    """also write metrics.jsonl's scalars to: [] (none) | ["tensorboard"] (the optional extra)."""
 
     def __post_init__(self):
         _check(self)
@@ -295,6 +297,10 @@ def _check(cfg: GRPOConfig) -> None:
     if cfg["allocation"] not in ALLOCATIONS:
         raise ValueError(f"config key 'allocation' must be one of {ALLOCATIONS}, got {cfg['allocation']!r}")
     _positive_int(cfg, "eval_batch_size")
+    from ._report import REPORTERS
+
+    if not isinstance(cfg["report_to"], list) or not set(cfg["report_to"]) <= set(REPORTERS):
+        raise ValueError(f"config key 'report_to' must be a list of {REPORTERS}, got {cfg['report_to']!r}")
     if cfg["instruction"] is not None and not isinstance(cfg["instruction"], str):
         raise ValueError(f"config key 'instruction' must be a string or null, got {cfg['instruction']!r}")
     if cfg["dtype"] not in ("float32", "bfloat16", "float16", "auto"):

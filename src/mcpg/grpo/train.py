@@ -147,6 +147,7 @@ import torch
 from .. import routing
 from ..allocation import ExactBudget
 from ..stats import roc_auc
+from ._report import MetricsReport, check_available
 from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
@@ -763,6 +764,7 @@ def train(
         if updates is not None:
             cfg = resolve_config(cfg, updates=int(updates))
     show = cfg["progress"] if progress is None else progress
+    check_available(cfg["report_to"])  # before the model loads
 
     engine = Engine(cfg, signal)
     dist = engine.dist
@@ -801,6 +803,8 @@ def train(
         dist.barrier()
 
     start = engine.step
+    report = MetricsReport(cfg["report_to"] if dist.main else [], out, engine.pool.names,
+                           purge_step=start + 1 if resume else None)
     with tqdm(
         total=cfg["updates"],
         initial=start,
@@ -810,6 +814,7 @@ def train(
     ) as bar:
         while engine.step < cfg["updates"]:
             if stop_after is not None and engine.step - start >= stop_after:
+                report.close()
                 return None
             row = engine.update(progress=show)
             if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
@@ -817,6 +822,7 @@ def train(
             if dist.main:
                 with open(out / "metrics.jsonl", "a") as fh:
                     fh.write(json.dumps(row, default=json_default) + "\n")
+                report.write(json.loads(json.dumps(row, default=json_default)))  # the row as written
                 with open(out / "slates.jsonl", "a") as fh:
                     fh.write(
                         json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n"
@@ -825,6 +831,7 @@ def train(
                 engine.save_checkpoint(out / "checkpoint")
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
+    report.close()
 
     result = {
         **engine.evaluate(progress=show, base=initial),
