@@ -3,6 +3,7 @@ helpers (the GGUF split into two halves and joined again)."""
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored(monkeypatch):
+    """The session sets MCPG_GSM8K_DIR and PYTHONPATH for its child processes, as it must on
+    the device; here monkeypatch puts them back afterwards, so later tests see the real data."""
+    for key in ("MCPG_GSM8K_DIR", "PYTHONPATH", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        if key in os.environ:  # recorded, and restored at teardown whatever the session sets
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
 
 
 def _module():
