@@ -162,7 +162,7 @@ class GRPOConfig(Mapping):
     logprob_chunk: int = 512
     """tokens per chunk of output head + log-softmax in scoring; 0 — all at once."""
     report_to: list[str] = field(default_factory=list)
-    """also write metrics.jsonl's scalars to: [] (none) | ["tensorboard"] (the optional extra)."""
+    """where else metrics.jsonl's scalars go — [] (nowhere) | ["tensorboard"] (the optional extra)."""
 
     def __post_init__(self):
         _check(self)

@@ -264,6 +264,7 @@ def per_problem(run: Run, measure: str = "deployed") -> np.ndarray:
     - ``deployed``: the deployed answer is right (``correct``);
     - ``uniform``: the share of agents right, i.e. the deployed reward under a uniform router;
     - ``best_of_k``: some agent is right.
+
     The last two come from ``agent_correct`` and do not depend on the router.
     """
     if measure not in MEASURES:
