@@ -1,5 +1,6 @@
 """The built site in a real browser: every page loads in headless Chromium without console
-errors, its math is typeset by MathJax, its figures load, and no internal link is broken.
+errors, its math is typeset by MathJax, its figures load, no internal link is broken, and
+no code cell is wider than the page's column at a 1280-pixel window.
 
 Runs when ``MCPG_SITE`` names a built site (``book/_build/html``); CI sets it after the
 build. Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``MCPG_CHROMIUM``) and the
@@ -107,6 +108,12 @@ def test_every_page_in_chromium(site, browser):
             n_fig = page.evaluate("document.querySelectorAll('.cell_output img').length")
             if not n_fig:
                 problems.append(f"{rel}: no figure in the executed cells' output")
+        # code cells fit the column: a reader at a 1280-pixel window scrolls none sideways
+        wide = page.evaluate("[...document.querySelectorAll('div.cell_input pre')]"
+                             ".filter(e => e.scrollWidth > e.clientWidth + 1)"
+                             ".map(e => e.innerText.split('\\n')"
+                             ".reduce((a, x) => x.length > a.length ? x : a, ''))")
+        problems += [f"{rel}: code cell wider than the column: {line!r}" for line in wide]
         # internal links: the target file exists and so does the anchor
         hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
         for href in hrefs:
