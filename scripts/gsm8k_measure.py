@@ -89,7 +89,10 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def _rewrite(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """Replace ``path`` by ``rows`` atomically (a killed rewrite leaves the old file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -109,6 +112,35 @@ def _pool(model_spec: str, seed: int):
 def _completion(roll, r: int) -> tuple[list[int], int, bool]:
     n = int(roll.completion_mask[r].sum())
     return roll.completion_ids[r, :n].tolist(), n, bool(roll.truncated[r])
+
+
+def read_at_budgets(row: dict, budgets, max_new_tokens: int, tok) -> dict:
+    """A greedy row's answer read at each budget below ``max_new_tokens``: cut to its first b
+    tokens (:func:`mcpg.grpo.headroom.cut_completion`), decoded and scored."""
+    out = {}
+    for bud in budgets:
+        if bud >= max_new_tokens:
+            continue
+        cids, ccut = cut_completion(row["ids"], row["n_tokens"], row["truncated"], bud)
+        text = tok.decode(cids, skip_special_tokens=True)
+        out[str(bud)] = {"truncated": ccut, **score(text, row["gold"], ccut)}
+    return out
+
+
+def backfill_budgets(path: Path, budgets, max_new_tokens: int, tok) -> int:
+    """Score the greedy rows of ``path`` at the ``budgets`` they were not read at when recorded
+    (a budget added later; the rows' token ids determine it). Rewrites the file; returns the
+    number of rows changed."""
+    rows, changed = read_rows(path), 0
+    for row in rows:
+        missing = [b for b in budgets if b < max_new_tokens and str(b) not in row["budgets"]]
+        if missing:
+            row["budgets"] = {**row["budgets"], **read_at_budgets(row, missing, max_new_tokens, tok)}
+            row["budgets"] = dict(sorted(row["budgets"].items(), key=lambda kv: int(kv[0])))
+            changed += 1
+    if changed:
+        _rewrite(path, rows)
+    return changed
 
 
 def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_tokens: int,
@@ -148,14 +180,7 @@ def run_phase(name, problems, pool, out: Path, args, greedy: bool, max_new_token
                 ids, n, cut = _completion(roll, b)
                 text = roll.texts[b]
                 row.update(text=text, ids=ids, n_tokens=n, truncated=cut, **score(text, p["gold"], cut))
-                budgets = {}
-                for bud in args.budgets:
-                    if bud >= max_new_tokens:
-                        continue
-                    cids, ccut = cut_completion(ids, n, cut, bud)
-                    ctext = tok.decode(cids, skip_special_tokens=True)
-                    budgets[str(bud)] = {"truncated": ccut, **score(ctext, p["gold"], ccut)}
-                row["budgets"] = budgets
+                row["budgets"] = read_at_budgets(row, args.budgets, max_new_tokens, tok)
             else:
                 samples, marks = [], {m: [] for m in MODES}
                 for g in range(n_rows):
@@ -281,7 +306,7 @@ def parse_args(argv=None):
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--arith-max-new-tokens", type=int, default=32)
-    ap.add_argument("--budgets", default="24,32,40,96,128",
+    ap.add_argument("--budgets", default="24,32,40,48,96,128",
                     help="smaller budgets read off the greedy answers")
     ap.add_argument("--batch", type=int, default=32, help="rows per generate call")
     ap.add_argument("--seed", type=int, default=0)
@@ -353,6 +378,10 @@ def main(argv=None) -> dict:
                     "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                     "transformers": transformers.__version__},
     })
+    for name, budget in (("greedy", args.max_new_tokens), ("arith_greedy", args.arith_max_new_tokens)):
+        filled = backfill_budgets(out / f"{name}.jsonl", args.budgets, budget, pool.tokenizer)
+        if filled:
+            print(f"{name}: {filled} recorded rows read at the added budgets", flush=True)
     prov.setdefault("started", _now())
     prov.setdefault("sessions", []).append({"started": _now(), "model_load_s": round(load_s, 1)})
     prov_path.write_text(json.dumps(prov, indent=1) + "\n")

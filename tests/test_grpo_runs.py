@@ -10,11 +10,13 @@ from mcpg import routing
 from mcpg.grpo.objective import credit
 from mcpg.grpo.runs import (
     compare_runs,
+    compare_signals,
     eval_gains,
     eval_table,
     expected_advantage,
     group_signal,
     health,
+    health_table,
     learning_curve,
     paired_difference,
     per_problem,
@@ -308,3 +310,62 @@ def test_agent_level_measures_read_the_actors_apart_from_the_router(tmp_path):
         signals_over_seeds(runs, measure="uniform").loc["seed 0", "difference"])
     with pytest.raises(ValueError, match="measure"):
         per_problem(r, "median")
+
+
+def _grid_run(folder, signal, seed, scaling, rng, n=24, cut=(0.1,) * 6, auc=0.8, router="best"):
+    agents = rng.binomial(1, 0.4, (n, 3))
+    dep = agents.argmax(1) if router == "best" else agents.argmin(1)
+    rows = [{"update": u, "signal": signal, "reward": 0.5, "oracle": 0.5, "truncated": c,
+             "agent_accuracy": [0.1, 0.2, 0.0], "credit_mean": [0.0, 0.1, 0.0],
+             "zero_std_reward_fraction": [u / 10, 0.0, 0.5]} for u, c in enumerate(cut, start=1)]
+    ev = {"accuracy": float(agents[np.arange(n), dep].mean()), "n": n,
+          "correct": agents[np.arange(n), dep].tolist(), "base_correct": [0] * n,
+          "agent_correct": agents.tolist(), "uniform_accuracy": float(agents.mean()),
+          "best_of_k": float(agents.max(1).mean()), "router_auc": auc, "router_auc_within": auc - 0.1,
+          "deployed_fraction": np.bincount(dep, minlength=3).tolist()}
+    ev["deployed_fraction"] = [c / n for c in ev["deployed_fraction"]]
+    return read_run(_write_run(folder / f"{signal}-{scaling}" / f"seed{seed}", signal=signal, rows=rows,
+                               eval_=ev, seed=seed, scale_rewards=scaling))
+
+
+def test_health_table_bars(tmp_path):
+    rng = np.random.default_rng(5)
+    good = _grid_run(tmp_path, "wta", 0, "group", rng)
+    cut = _grid_run(tmp_path, "wta", 1, "group", rng, cut=(0.9, 0.9, 0.3, 0.2, 0.3, 0.2))
+    blind = _grid_run(tmp_path, "removal", 0, "group", rng, auc=0.69)
+    worse = _grid_run(tmp_path, "removal", 1, "group", rng, router="worst")
+    t = health_table([worse, blind, cut, good])
+    assert list(t.index) == [("removal-group", 0), ("removal-group", 1), ("wta-group", 0), ("wta-group", 1)]
+    # the last five updates only: (0.9, 0.3, 0.2, 0.3, 0.2) -> 0.38 > 0.25
+    assert t.loc[("wta-group", 1), "cut"] == pytest.approx(0.38)
+    # zero-spread: agents' shares over updates 2..6 -> mean of (u/10, 0, 0.5)
+    assert t.loc[("wta-group", 0), "zero-spread"] == pytest.approx((0.4 + 0 + 0.5) / 3)
+    assert t.loc[("wta-group", 0), "agents' mean"] == pytest.approx(good.eval["uniform_accuracy"])
+    assert t["healthy"].tolist() == [False, False, True, False]
+    # the router that picks the worst agent is below the uniform draw; the best is at or above it
+    assert t.loc[("removal-group", 1), "deployed"] < t.loc[("removal-group", 1), "agents' mean"]
+    assert t.loc[("wta-group", 0), "deployed"] >= t.loc[("wta-group", 0), "agents' mean"]
+    assert t.loc[("wta-group", 0), "largest share"] == pytest.approx(max(good.eval["deployed_fraction"]))
+    with pytest.raises(ValueError, match="last"):
+        health_table(good, last=0)
+
+
+def test_compare_signals_by_scaling_and_measure(tmp_path):
+    rng = np.random.default_rng(6)
+    runs = [_grid_run(tmp_path, sig, seed, sc, rng)
+            for sc in ("group", "none") for seed in range(2) for sig in ("wta", "removal")]
+    runs.append(_grid_run(tmp_path, "oracle", 0, "none", rng))
+    t = compare_signals(runs)
+    assert sorted(set(t.index.get_level_values("scaling"))) == ["group", "none"]
+    for sc in ("group", "none"):
+        sub = [r for r in runs if r.config["scale_rewards"] == sc]
+        for measure in ("deployed", "uniform", "best_of_k"):
+            want = signals_over_seeds(sub, measure=measure)
+            got = t.xs((sc, measure))
+            np.testing.assert_allclose(got["difference"], want["difference"])
+            assert list(got.index) == ["seed 0", "seed 1", "over seeds"]
+    # the oracle has a partner under "none" only: "group" is left out, not an error
+    o = compare_signals(runs, a="oracle")
+    assert set(o.index.get_level_values("scaling")) == {"none"}
+    with pytest.raises(ValueError, match="any scaling"):
+        compare_signals(runs, a="oracle", b="control")

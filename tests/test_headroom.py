@@ -120,6 +120,16 @@ def test_gsm8k_measure_tiny_random(tmp_path):
     prov = summary["provenance"]
     assert prov["complete"] == {p: True for p in gm.PHASES} and prov["model"] == "tiny-random"
     assert prov["generation_time"]["greedy"]["batches"] == 1
+    # a budget added after the recording is read off the recorded token ids: the same rows as
+    # a recording made with it from the start
+    late = tmp_path / "late"
+    gm.main([*common[:-1], "4", "--output", str(late)])
+    assert all(set(r["budgets"]) == {"4"} for r in _rows(late / "greedy.jsonl"))
+    gm.main([*common, "--output", str(late)])
+    for phase in ("greedy", "arith_greedy"):
+        assert _rows(late / f"{phase}.jsonl") == _rows(one / f"{phase}.jsonl"), phase
+    assert json.loads((late / "summary.json").read_text())["gsm8k"]["greedy"]["budgets"] == \
+        summary["gsm8k"]["greedy"]["budgets"]
     # a budget read off the 16-token answers equals greedy decoding at that budget
     short = tmp_path / "short"
     gm.main([*common[:-6], "--max-new-tokens", "8", "--arith-max-new-tokens", "8", "--budgets", "4",

@@ -25,6 +25,11 @@ functions below turn runs into the frames chapter 8 draws and tests:
 - :func:`expected_advantage`: per completion, the advantage its credit gets on average over
   the router's draws given the completions, standardised and centred: the bias that group
   standardisation adds to an unbiased credit;
+- :func:`health_table`: per finished run, the bars (:data:`HEALTH_BARS`) a run must clear before
+  its credit signal is compared with another's, and the held-out measures read apart from the
+  router;
+- :func:`compare_signals`: :func:`signals_over_seeds` under each advantage scaling and on each
+  measure, as one table;
 - :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
   (truncation, agent-updates without a correct candidate, credit-free agent-updates,
   rollouts with no correct candidate at all, routing collapse at evaluation).
@@ -47,7 +52,8 @@ from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advanta
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
-           "group_signal", "expected_advantage", "recording_summary", "per_problem", "MEASURES",
+           "group_signal", "expected_advantage", "recording_summary", "health_table", "compare_signals",
+           "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -95,6 +101,12 @@ class Run:
         seed = self.config.get("seed", 0)
         in_comparison = self.path.name.startswith("seed")
         return f"{self.signal} seed{seed}" if seed or in_comparison else self.signal
+
+    @property
+    def arm(self) -> str:
+        """The arm of a grid or comparison the run belongs to: the folder above ``seed<k>``
+        (``removal-group``, ``control``, ...), else the signal."""
+        return self.path.parent.name if self.path.name.startswith("seed") else self.signal
 
     @property
     def slates_per_update(self) -> int:
@@ -470,3 +482,81 @@ def recording_summary(run: Run) -> dict:
         "rollouts_no_correct": int((m["oracle"] == 0).sum()),
         "max_deployed_fraction": None if run.eval is None else float(max(run.eval["deployed_fraction"])),
     }
+
+
+HEALTH_BARS = {"truncated": 0.25, "router_auc": 0.70}
+"""The bars a run clears before its credit signal is compared with another's: at most this share
+of completions cut at the token budget over its last five updates (else the comparison is one of
+answer formats), and a held-out ROC AUC of the outcome model at least this (else the router
+cannot route). :func:`health_table` adds a third: deployed accuracy at least the agents' mean,
+i.e. the router does no worse than a uniform draw."""
+
+
+def health_table(runs: Run | list[Run], last: int = 5) -> pd.DataFrame:
+    """One row per finished run, indexed by ``(arm, seed)``: is it healthy enough to compare?
+
+    Columns: ``cut`` (share of completions cut, mean over the last ``last`` updates),
+    ``zero-spread`` (share of GRPO groups whose rewards are all equal, over the same updates and
+    the agents), ``router_auc`` and ``router_auc_within`` (eval.json), ``deployed`` (held-out
+    accuracy), ``agents' mean`` (``uniform_accuracy``: a uniform router), ``best_of_k``,
+    ``largest share`` (the largest share of held-out problems one agent was sent: routing
+    collapse when near 1), and ``healthy``: ``cut`` <= ``HEALTH_BARS["truncated"]``,
+    ``router_auc`` >= ``HEALTH_BARS["router_auc"]`` and ``deployed`` >= ``agents' mean``.
+    """
+    if last < 1:
+        raise ValueError(f"last must be a positive integer, got {last}")
+    rows = {}
+    for r in [runs] if isinstance(runs, Run) else runs:
+        if r.eval is None:
+            continue
+        tail = r.metrics.sort_values("update").tail(last)
+        zero = (np.array(tail["zero_std_reward_fraction"].tolist(), dtype=float).mean()
+                if "zero_std_reward_fraction" in tail else float("nan"))
+        e = r.eval
+        auc = e.get("router_auc")
+        row = {"cut": float(tail["truncated"].mean()), "zero-spread": float(zero),
+               "router_auc": np.nan if auc is None else float(auc),
+               "router_auc_within": (np.nan if e.get("router_auc_within") is None
+                                     else float(e["router_auc_within"])),
+               "deployed": float(e["accuracy"]),
+               "agents' mean": float(e.get("uniform_accuracy", np.nan)),
+               "best_of_k": float(e.get("best_of_k", np.nan)),
+               "largest share": float(max(e["deployed_fraction"]))}
+        row["healthy"] = bool(row["cut"] <= HEALTH_BARS["truncated"]
+                              and row["router_auc"] >= HEALTH_BARS["router_auc"]
+                              and row["deployed"] >= row["agents' mean"] - 1e-12)
+        rows[r.arm, int(r.config.get("seed", 0))] = row
+    if not rows:
+        raise ValueError("no run has an eval.json")
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["arm", "seed"])
+    return table.sort_index()
+
+
+def compare_signals(runs: list[Run], a: str = "removal", b: str = "wta", measures=MEASURES,
+                    level: float = 0.95) -> pd.DataFrame:
+    """:func:`signals_over_seeds` of ``a`` against ``b`` under each advantage scaling
+    (``config["scale_rewards"]``) and on each of ``measures``, as one table indexed by
+    ``(scaling, measure, row)``, ``row`` being ``seed k`` or ``over seeds``. A scaling under which
+    no seed has both signals finished is left out.
+    """
+    frames = {}
+    scalings = sorted({r.config.get("scale_rewards", "group") for r in runs})
+    for sc in scalings:
+        sub = [r for r in runs if r.config.get("scale_rewards", "group") == sc]
+        for measure in measures:
+            try:
+                t = signals_over_seeds(sub, a, b, level, measure)
+            except ValueError as err:
+                if "no seed" in str(err):
+                    break
+                raise
+            frames[sc, measure] = t
+    if not frames:
+        raise ValueError(f"no seed with finished runs of both {a!r} and {b!r} under any scaling")
+    out = pd.concat(frames, names=["scaling", "measure", "row"])
+    # levels in the order of appearance (seed rows before "over seeds"), so that .loc is lexsorted
+    levels = [list(dict.fromkeys(out.index.get_level_values(i))) for i in range(3)]
+    codes = [[lv.index(v) for v in out.index.get_level_values(i)] for i, lv in enumerate(levels)]
+    out.index = pd.MultiIndex(levels=levels, codes=codes, names=out.index.names)
+    return out
