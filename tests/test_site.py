@@ -1,6 +1,7 @@
 """The built site in a real browser: every page loads in headless Chromium without console
 errors, its math is typeset by MathJax, its figures load, no internal link is broken, and
-no code cell is wider than the page's column at a 1280-pixel window.
+no code cell is wider than the page's column at a 1280-pixel window, which shows one search
+field.
 
 Runs when ``MCPG_SITE`` names a built site (``book/_build/html``); CI sets it after the
 build. Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``MCPG_CHROMIUM``) and the
@@ -114,6 +115,11 @@ def test_every_page_in_chromium(site, browser):
                              ".map(e => e.innerText.split('\\n')"
                              ".reduce((a, x) => x.length > a.length ? x : a, ''))")
         problems += [f"{rel}: code cell wider than the column: {line!r}" for line in wide]
+        # one search field: the theme's top bar repeats the sidebar's (book/_static/header.css)
+        n_search = page.evaluate("[...document.querySelectorAll('.search-button-field')]"
+                                 ".filter(e => e.offsetParent !== null).length")
+        if n_search != 1:
+            problems.append(f"{rel}: {n_search} search fields visible at 1280 pixels, not 1")
         # internal links: the target file exists and so does the anchor
         hrefs = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))")
         for href in hrefs:
