@@ -1,7 +1,7 @@
 """The built site in a real browser: every page loads in headless Chromium without console
 errors, its math is typeset by MathJax, its figures load, no internal link is broken, and
-no code cell is wider than the page's column at a 1280-pixel window, which shows one search
-field.
+no code cell or output is wider than the page's column at a 1280-pixel window, which shows
+one search field.
 
 Runs when ``MCPG_SITE`` names a built site (``book/_build/html``); CI sets it after the
 build. Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``MCPG_CHROMIUM``) and the
@@ -115,6 +115,12 @@ def test_every_page_in_chromium(site, browser):
                              ".map(e => e.innerText.split('\\n')"
                              ".reduce((a, x) => x.length > a.length ? x : a, ''))")
         problems += [f"{rel}: code cell wider than the column: {line!r}" for line in wide]
+        # and so do the visible outputs: printed text wraps, tables fit (book/_static/output.css)
+        wide_out = page.evaluate("[...document.querySelectorAll("
+                                 "'div.cell_output > div, div.cell_output pre, div.cell_output table')]"
+                                 ".filter(e => e.scrollWidth > e.clientWidth + 1 && e.innerText.trim())"
+                                 ".map(e => e.innerText.trim().slice(0, 60))")
+        problems += [f"{rel}: output wider than the column: {text!r}" for text in wide_out]
         # one search field: the theme's top bar repeats the sidebar's (book/_static/header.css)
         n_search = page.evaluate("[...document.querySelectorAll('.search-button-field')]"
                                  ".filter(e => e.offsetParent !== null).length")
