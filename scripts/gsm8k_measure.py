@@ -32,7 +32,7 @@ answer, plus provenance (command, commit, dates, machine, seeds, wall and CPU ti
     nice -n 10 python scripts/gsm8k_measure.py --output data/results/gsm8k
 
 ``--max-batches`` stops after that many batches (a speed probe); ``--summarize`` only rewrites
-summary.json.
+summary.json; ``--report`` prints its numbers as the README's list.
 """
 
 from __future__ import annotations
@@ -293,6 +293,73 @@ def summarize(out: Path, args) -> dict:
     return summary
 
 
+def _acc(a: dict) -> str:
+    lo, hi = a["wilson95"]
+    return f"{a['correct']}/{a['n']} = {a['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _headroom(s: dict) -> str:
+    p = s["pass_at_k"]
+    ks = " / ".join(f"{p['committed'][k]['estimate']:.3f}" for k in ("1", "4", "8"))
+    kf = " / ".join(f"{p['flexible'][k]['estimate']:.3f}" for k in ("1", "4", "8"))
+    nr = s["no_right_share_m8"]
+    return (f"pass@1/4/8 = {ks} committed ({kf} flexible); groups of 8 with no right answer "
+            f"{nr['committed']:.2f} committed, {nr['flexible']:.2f} flexible; "
+            f"{s['truncation']:.0%} of the samples cut at {s['max_new_tokens']} tokens")
+
+
+def report(summary: dict) -> str:
+    """The recorded numbers as the README's Markdown list (``--report`` prints it; a test checks
+    that the README holds exactly this for the committed summary.json)."""
+    prov = summary["provenance"]
+    targets, done = prov.get("targets", {}), prov["complete"]
+    g, gs = summary["gsm8k"]["greedy"], summary["gsm8k"]["samples"]
+    a, as_ = summary["arithmetic"]["greedy"], summary["arithmetic"]["samples"]
+    state = ("complete" if all(done.values()) else
+             f"in progress: GSM8K greedy on {g['n'] if g else 0} of {targets.get('greedy')} problems, "
+             f"sampled on {gs['problems'] if gs else 0} of {targets.get('samples')}")
+    commit = prov.get("commit", "?")[:7]
+    lines = [f"Recorded ({state}; summarized {prov['summarized']}, commit {commit}):", ""]
+    if a:
+        b = str(a["max_new_tokens"])
+        lines.append(
+            f"- **Arithmetic task**, {a['n']} held-out problems, {b} tokens (the control's budget): greedy "
+            f"committed accuracy {_acc(a['accuracy']['committed'])} (95 % Wilson), flexible "
+            f"{_acc(a['accuracy']['flexible'])}, strict {_acc(a['accuracy']['strict'])}; "
+            f"{a['truncation']:.0%} of the greedy answers cut at {b} tokens."
+            + (f" Sampled (8 per problem, T = {as_['temperature']:g}, {as_['problems']} problems): "
+               f"{_headroom(as_)}." if as_ else ""))
+    if g:
+        small = ", ".join(
+            f"{v['accuracy']['committed']['accuracy']:.3f} at {b} ({v['truncation']:.1%} cut)"
+            for b, v in sorted(g["budgets"].items(), key=lambda kv: -int(kv[0]))
+            if int(b) < g["max_new_tokens"])
+        lines.append(
+            f"- **GSM8K**, greedy at {g['max_new_tokens']} tokens on {g['n']} test problems: committed "
+            f"accuracy {_acc(g['accuracy']['committed'])}, strict {_acc(g['accuracy']['strict'])}, "
+            f"flexible {_acc(g['accuracy']['flexible'])}; {g['truncation']:.0%} of the answers cut at "
+            f"{g['max_new_tokens']} tokens (mean {g['mean_tokens']:.0f} tokens). The same answers read at "
+            f"smaller budgets, committed accuracy: {small}.")
+    if gs:
+        lines.append(
+            f"- **GSM8K**, sampled (8 per problem, T = {gs['temperature']:g}, {gs['max_new_tokens']} tokens) "
+            f"on {gs['problems']} test problems: {_headroom(gs)}.")
+    return "\n".join(lines) + "\n"
+
+
+REPORT_MARKERS = ("<!-- gsm8k-report: written by scripts/gsm8k_measure.py --report -->",
+                  "<!-- /gsm8k-report -->")
+
+
+def replace_report(text: str, report_text: str) -> str:
+    """``text`` with the part between :data:`REPORT_MARKERS` replaced by ``report_text``."""
+    start, end = REPORT_MARKERS
+    if start not in text or end not in text:
+        raise ValueError(f"no {start} ... {end} block to replace")
+    head, rest = text.split(start, 1)
+    return head + start + "\n" + report_text + end + rest.split(end, 1)[1]
+
+
 # ------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -318,6 +385,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-batches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarize", action="store_true")
+    ap.add_argument("--report", action="store_true",
+                    help="print summary.json's numbers as the README's Markdown list, and stop")
+    ap.add_argument("--readme", default=None, metavar="PATH",
+                    help="with --report: write the list into PATH between its gsm8k-report markers")
     args = ap.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",") if b]
     args.phases = [p for p in args.phases.split(",") if p]
@@ -339,6 +410,14 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if args.summarize:
         return summarize(out, args)
+    if args.report:
+        text = report(json.loads((out / "summary.json").read_text()))
+        if args.readme:
+            readme = Path(args.readme)
+            readme.write_text(replace_report(readme.read_text(), text))
+        else:
+            print(text, end="")
+        return {}
     torch.set_num_threads(args.threads)
     t0, c0 = time.perf_counter(), time.process_time()
     gsm = load_gsm8k("test", data_dir=args.data_dir)
