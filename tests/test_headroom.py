@@ -150,7 +150,8 @@ def test_readme_quotes_the_recorded_gsm8k_numbers():
     text = (ROOT / "README.md").read_text()
     want = gm.replace_report(text, gm.report(json.loads(summary.read_text())))
     assert text == want, ("README.md's GSM8K numbers differ from data/results/gsm8k/summary.json: run "
-                          "python scripts/gsm8k_measure.py --output data/results/gsm8k --report --readme README.md")
+                          "python scripts/gsm8k_measure.py --output data/results/gsm8k --report "
+                          "--readme README.md")
     # the report says what it read: every phase's problem count
     s = json.loads(summary.read_text())
     if s["gsm8k"]["greedy"]:
