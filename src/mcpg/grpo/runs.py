@@ -104,8 +104,8 @@ class Run:
 
     @property
     def arm(self) -> str:
-        """The arm of a grid or comparison the run belongs to: the folder above ``seed<k>``
-        (``removal-group``, ``control``, ...), else the signal."""
+        """The name of the folder above ``seed<k>`` (the arm of a grid or comparison, such as
+        ``removal-group`` or ``control``), or the signal for a run outside one."""
         return self.path.parent.name if self.path.name.startswith("seed") else self.signal
 
     @property
@@ -485,11 +485,12 @@ def recording_summary(run: Run) -> dict:
 
 
 HEALTH_BARS = {"truncated": 0.25, "router_auc": 0.70}
-"""The bars a run clears before its credit signal is compared with another's: at most this share
-of completions cut at the token budget over its last five updates (else the comparison is one of
-answer formats), and a held-out ROC AUC of the outcome model at least this (else the router
-cannot route). :func:`health_table` adds a third: deployed accuracy at least the agents' mean,
-i.e. the router does no worse than a uniform draw."""
+"""The bars a run clears before its credit signal is compared with another's.
+
+``truncated`` is the largest share of completions cut at the token budget over a run's last five
+updates (above it, a comparison compares answer formats); ``router_auc`` the smallest held-out
+ROC AUC of the outcome model (below it, the router cannot route). :func:`health_table` adds a
+third bar, deployed accuracy at least the agents' mean (a router no worse than a uniform draw)."""
 
 
 def health_table(runs: Run | list[Run], last: int = 5) -> pd.DataFrame:
