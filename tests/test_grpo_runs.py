@@ -322,8 +322,7 @@ def _grid_run(folder, signal, seed, scaling, rng, n=24, cut=(0.1,) * 6, auc=0.8,
           "correct": agents[np.arange(n), dep].tolist(), "base_correct": [0] * n,
           "agent_correct": agents.tolist(), "uniform_accuracy": float(agents.mean()), "base_accuracy": 0.0,
           "best_of_k": float(agents.max(1).mean()), "router_auc": auc, "router_auc_within": auc - 0.1,
-          "deployed_fraction": np.bincount(dep, minlength=3).tolist()}
-    ev["deployed_fraction"] = [c / n for c in ev["deployed_fraction"]]
+          "deployed_fraction": (np.bincount(dep, minlength=3) / n).tolist()}
     return read_run(_write_run(folder / f"{signal}-{scaling}" / f"seed{seed}", signal=signal, rows=rows,
                                eval_=ev, seed=seed, scale_rewards=scaling))
 
