@@ -95,6 +95,43 @@ def test_bad_run_directories(tmp_path, capsys, no_training):
     assert no_training == []
 
 
+def test_resume_needs_no_config(tmp_path, capsys, no_training):
+    # a run directory carries its own config: --resume continues without --config, and a
+    # new run without --config is told which argument it lacks
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": {"updates": 3}, "signal": "wta"}))
+    assert cli.main(["train", "--signal", "wta", "--output", str(run), "--resume"]) == 0
+    assert [(c[0], c[3], c[4]["resume"]) for c in no_training] == [("train", str(run), True)]
+    err = error_of(capsys, ["train", "--signal", "wta", "--output", str(tmp_path / "new")])
+    assert "--config" in err and "unless --resume" in err
+    assert len(no_training) == 1
+
+
+def test_recorder_commands_parse(tmp_path, capsys, no_training):
+    # scripts/ch08_record.py starts a job with its seeded config and resumes it with --resume;
+    # both command lines must pass the train command's own parser (a resumed job once failed
+    # with exit 2 when --config was required)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
+    rec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec)
+    run = tmp_path / "removal-group" / "seed0"
+    run.parent.mkdir()
+    new = rec._command("grid", "removal", 0, run, {"scale_rewards": "group"})
+    seeded = json.loads(run.with_suffix(".config.json").read_text())
+    assert seeded["seed"] == 0 and seeded["scale_rewards"] == "group"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"config": seeded, "signal": "removal"}))
+    resumed = rec._command("grid", "removal", 0, run, {"scale_rewards": "group"})
+    assert "--resume" in resumed and "--resume" not in new
+    for cmd in (new, resumed):
+        assert cmd[3:6] == ["-m", "mcpg.grpo", "train"]
+        assert cli.main(cmd[5:]) == 0, capsys.readouterr().err
+    assert [c[4]["resume"] for c in no_training] == [False, True]
+
+
 def test_argument_errors_exit_2(capsys):
     for argv in (["evaluate", "--run", "x", "--threads", "0"],
                  ["evaluate", "--run", "x", "--threads", "two"]):
@@ -130,13 +167,17 @@ def test_threads_are_applied_and_recorded(tmp_path, no_training):
     assert no_training[-1][-1] == 2
 
 
-def test_help_has_two_examples(capsys):
+def test_help_examples_parse(capsys):
+    # the help shows a new run, its resumption and its evaluation, each a valid command line
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "examples:" in out
     commands = [line.strip() for line in out.splitlines() if line.strip().startswith("python -m mcpg.grpo ")]
-    assert len(commands) == 2 and {c.split()[3] for c in commands} == {"train", "evaluate"}
+    assert [c.split()[3] for c in commands] == ["train", "train", "evaluate"]
+    assert "--resume" in commands[1] and "--config" not in commands[1]
+    for c in commands:
+        cli.build_parser().parse_args(c.split()[3:])
 
 
 def test_only_the_known_warnings_are_hidden():

@@ -1,7 +1,8 @@
 """Command line of the GRPO engine.
 
     python -m mcpg.grpo train --config NAME_OR_PATH --signal wta|removal|oracle --output DIR
-                              [--updates N] [--resume] [--threads N] [--no-progress]
+                              [--updates N] [--threads N] [--no-progress]
+    python -m mcpg.grpo train --signal wta|removal|oracle --output DIR --resume [--updates N] ...
     python -m mcpg.grpo evaluate --run DIR [--threads N] [--no-progress]
 
 Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Several
@@ -26,6 +27,8 @@ from pathlib import Path
 EXAMPLES = """examples:
   # SmolLM2-135M on a CPU with one torch thread (best when other programs share the cores)
   python -m mcpg.grpo train --config cpu-smoke --signal removal --output runs/removal --threads 1
+  # after an interruption, continue it from its checkpoint (its config is runs/removal/config.json)
+  python -m mcpg.grpo train --signal removal --output runs/removal --resume --threads 1
   # re-evaluate that run's final weights on its held-out problems (rewrites eval.json)
   python -m mcpg.grpo evaluate --run runs/removal --threads 1
 """
@@ -104,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train K routed LoRA agents with one credit signal",
                        description="Train K routed LoRA agents with one credit signal; write a run folder.",
                        epilog=EXAMPLES, formatter_class=fmt)
-    t.add_argument("--config", required=True, help=f"a named config {sorted(CONFIGS)} or a JSON file")
+    t.add_argument("--config", help=f"a named config {sorted(CONFIGS)} or a JSON file "
+                   "(not needed with --resume, which continues with the run's own config.json)")
     t.add_argument("--signal", required=True, help=f"credit signal: one of {list(SIGNALS)}")
     t.add_argument("--output", required=True, help="run directory (new, or an interrupted run with --resume)")
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")
@@ -155,6 +159,8 @@ def _config_of_command(args) -> dict:
             raise UsageError(f"--output {out} holds no run to resume (no config.json)")
         saved = _read_json(out / "config.json", "run config")
         return saved_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+    if args.config is None:
+        raise UsageError("the following arguments are required: --config (unless --resume)")
     if args.config in CONFIGS:
         return resolve_config(args.config)
     path = Path(args.config)
