@@ -9,11 +9,13 @@ from scipy import stats
 from mcpg import routing
 from mcpg.grpo.objective import credit
 from mcpg.grpo.runs import (
+    NoPairedSeeds,
     compare_runs,
     compare_signals,
     eval_gains,
     eval_table,
     expected_advantage,
+    feedback_table,
     group_signal,
     health,
     health_table,
@@ -161,8 +163,24 @@ def test_signals_over_seeds(tmp_path):
     # one seed: no interval over seeds; a signal without a partner seed is refused
     one = signals_over_seeds(runs[:2])
     assert np.isnan(one.loc["over seeds", "low"]) and one.loc["over seeds", "n"] == 1
-    with pytest.raises(ValueError, match="no seed"):
+    with pytest.raises(NoPairedSeeds, match="no seed"):
         signals_over_seeds(runs, a="oracle")
+    with pytest.raises(ValueError, match="by must be"):
+        signals_over_seeds(runs, by="scaling")
+
+
+def test_arms_over_seeds(tmp_path):
+    # one signal, two configurations: arms are named by their folder, not their signal
+    rng = np.random.default_rng(7)
+    runs = [_grid_run(tmp_path, "removal", k, sc, rng) for k in range(2) for sc in ("group", "b0.1-group")]
+    with pytest.raises(NoPairedSeeds):
+        signals_over_seeds(runs)  # by signal, both arms are "removal"
+    t = signals_over_seeds(runs, a="removal-b0.1-group", b="removal-group", by="arm")
+    assert list(t.index) == ["seed 0", "seed 1", "over seeds"]
+    for k in range(2):
+        a, b = runs[2 * k + 1], runs[2 * k]
+        want = np.mean(a.eval["correct"]) - np.mean(b.eval["correct"])
+        assert t.loc[f"seed {k}", "difference"] == pytest.approx(want)
 
 
 def test_slate_credit_corollary3(tmp_path):
@@ -366,5 +384,30 @@ def test_compare_signals_by_scaling_and_measure(tmp_path):
     # the oracle has a partner under "none" only: "group" is left out, not an error
     o = compare_signals(runs, a="oracle")
     assert set(o.index.get_level_values("scaling")) == {"none"}
-    with pytest.raises(ValueError, match="any scaling"):
+    with pytest.raises(NoPairedSeeds, match="any scaling"):
         compare_signals(runs, a="oracle", b="control")
+
+
+def test_feedback_table_counts_reward_queries(tmp_path):
+    # K = 3 agents and 2 x 4 = 8 slates per update, 3 updates: an exact evaluation costs 2 queries
+    ev = {"accuracy": 0.5, "uniform_accuracy": 0.4, "best_of_k": 0.7}
+    def rows(exact):
+        return [{"update": u, "signal": "removal", "reward": 0.5, "oracle": 0.5, "truncated": 0.1,
+                 "agent_accuracy": [0.1, 0.2, 0.0], "credit_mean": [0.0, 0.1, 0.0],
+                 **({} if exact is None else {"exact_evaluations": exact[u - 1]})} for u in (1, 2, 3)]
+    budget = read_run(_write_run(tmp_path / "removal-b0.25" / "seed1", rows=rows([2, 3, 1]), eval_=ev,
+                                 seed=1, exact_budget=0.25))
+    plain = read_run(_write_run(tmp_path / "removal" / "seed1", rows=rows(None), eval_=ev, seed=1))
+    oracle = read_run(_write_run(tmp_path / "oracle" / "seed1", signal="oracle", rows=rows([0, 0, 0]),
+                                 eval_=ev, seed=1))
+    unfinished = read_run(_write_run(tmp_path / "wta" / "seed1", signal="wta", rows=rows([0, 0, 0])))
+    t = feedback_table([budget, plain, oracle, unfinished])
+    assert list(t.index) == [("oracle", 1), ("removal", 1), ("removal-b0.25", 1)]
+    b = t.loc[("removal-b0.25", 1)]
+    assert (b["budget"], b["exact share"], b["feedback cost"]) == (0.25, 6 / 24, 12)
+    assert b["cost per update"] == pytest.approx(4.0)
+    assert t.loc[("oracle", 1), "feedback cost"] == 24 * 2 and t.loc[("oracle", 1), "exact share"] == 1.0
+    assert t.loc[("removal", 1), "feedback cost"] == 0 and t.loc[("removal", 1), "budget"] == 0.0
+    assert t.loc[("removal", 1), "agents' mean"] == 0.4
+    with pytest.raises(ValueError, match="eval.json"):
+        feedback_table(unfinished)

@@ -12,8 +12,9 @@ functions below turn runs into the frames chapter 8 draws and tests:
 - :func:`paired_difference`, :func:`eval_gains`, :func:`compare_runs`: paired per-problem
   differences of held-out correctness (final pool vs frozen base model, final vs untrained
   pool, one run vs another on the same problems) with t-intervals (:func:`t_interval`);
-- :func:`signals_over_seeds`: two signals seed by seed (paired per-problem differences) and over
-  seeds (a t-interval of the per-seed differences: the seeds, not the problems, are the sample);
+- :func:`signals_over_seeds`: two signals (or two arms) seed by seed (paired per-problem
+  differences) and over seeds (a t-interval of the per-seed differences: the seeds, not the
+  problems, are the sample); :class:`NoPairedSeeds` when no seed has both;
 - :func:`slate_credit`: on the logged slates, where every candidate's reward is known, the
   removal estimate of Eq. (19) from the deployed reward only, its exact expectation over the
   router's draw, and the exact removal contribution (the ``oracle`` signal); Corollary 3 says
@@ -30,6 +31,8 @@ functions below turn runs into the frames chapter 8 draws and tests:
   router;
 - :func:`compare_signals`: :func:`signals_over_seeds` under each advantage scaling and on each
   measure, as one table;
+- :func:`feedback_table`: per finished run, what its credit signal paid in reward queries
+  beyond the deployed one (paper §7: exact evaluations on a budget), beside its held-out measures;
 - :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
   (truncation, agent-updates without a correct candidate, credit-free agent-updates,
   rollouts with no correct candidate at all, routing collapse at evaluation).
@@ -53,7 +56,7 @@ from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advanta
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
            "group_signal", "expected_advantage", "recording_summary", "health_table", "compare_signals",
-           "HEALTH_BARS", "per_problem", "MEASURES",
+           "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -303,8 +306,12 @@ def compare_runs(a: Run, b: Run, level: float = 0.95, measure: str = "deployed")
     return paired_difference(per_problem(a, measure), per_problem(b, measure), level)
 
 
+class NoPairedSeeds(ValueError):
+    """No seed has finished runs of both arms that :func:`signals_over_seeds` was asked to pair."""
+
+
 def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
-                       level: float = 0.95, measure: str = "deployed") -> pd.DataFrame:
+                       level: float = 0.95, measure: str = "deployed", by: str = "signal") -> pd.DataFrame:
     """Signal ``a`` against signal ``b``: held-out accuracy seed by seed, and over seeds.
 
     One row ``seed k`` per seed that both signals finished: their accuracies and the paired
@@ -315,20 +322,27 @@ def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
     holds the means over seeds and, as ``low``/``high``, the t-interval of the per-seed
     differences, whose ``n`` is the number of seeds (NaN with one seed): a training seed
     changes the whole trajectory, so seeds, not problems, are the independent replicates.
+
+    ``by="arm"`` names ``a`` and ``b`` by :attr:`Run.arm` instead (``removal-b0.1-group``
+    against ``removal-group``: one signal, two configurations). Raises :class:`NoPairedSeeds`
+    when no seed has both.
     """
-    by = {(r.signal, r.config.get("seed", 0)): r for r in runs if r.eval is not None}
-    seeds = sorted(s for (sig, s) in by if sig == a and (b, s) in by)
+    if by not in ("signal", "arm"):
+        raise ValueError(f"by must be 'signal' or 'arm', got {by!r}")
+    finished = {(r.signal if by == "signal" else r.arm, r.config.get("seed", 0)): r
+                for r in runs if r.eval is not None}
+    seeds = sorted(s for (name, s) in finished if name == a and (b, s) in finished)
     if not seeds:
-        raise ValueError(f"no seed with finished runs of both {a!r} and {b!r}")
+        raise NoPairedSeeds(f"no seed with finished runs of both {a!r} and {b!r}")
     rows = {}
     def gain(run: Run) -> float:
         return float((per_problem(run, measure) - np.asarray(run.eval["base_correct"], float)).mean())
 
     for s in seeds:
-        d = compare_runs(by[a, s], by[b, s], level, measure)
+        d = compare_runs(finished[a, s], finished[b, s], level, measure)
         rows[f"seed {s}"] = {a: d["mean_a"], b: d["mean_b"], "difference": d["mean"], "low": d["low"],
-                             "high": d["high"], "n": d["n"], f"gain_{a}": gain(by[a, s]),
-                             f"gain_{b}": gain(by[b, s])}
+                             "high": d["high"], "n": d["n"], f"gain_{a}": gain(finished[a, s]),
+                             f"gain_{b}": gain(finished[b, s])}
     table = pd.DataFrame.from_dict(rows, orient="index")
     over = t_interval(table["difference"], level)
     rows["over seeds"] = {**table.mean().to_dict(), "low": over["low"], "high": over["high"], "n": len(seeds)}
@@ -548,16 +562,52 @@ def compare_signals(runs: list[Run], a: str = "removal", b: str = "wta", measure
         for measure in measures:
             try:
                 t = signals_over_seeds(sub, a, b, level, measure)
-            except ValueError as err:
-                if "no seed" in str(err):
-                    break
-                raise
+            except NoPairedSeeds:
+                break
             frames[sc, measure] = t
     if not frames:
-        raise ValueError(f"no seed with finished runs of both {a!r} and {b!r} under any scaling")
+        raise NoPairedSeeds(f"no seed with finished runs of both {a!r} and {b!r} under any scaling")
     out = pd.concat(frames, names=["scaling", "measure", "row"])
     # levels in the order of appearance (seed rows before "over seeds"), so that .loc is lexsorted
     levels = [list(dict.fromkeys(out.index.get_level_values(i))) for i in range(3)]
     codes = [[lv.index(v) for v in out.index.get_level_values(i)] for i, lv in enumerate(levels)]
     out.index = pd.MultiIndex(levels=levels, codes=codes, names=out.index.names)
     return out
+
+
+def feedback_table(runs: Run | list[Run]) -> pd.DataFrame:
+    """What each finished run paid for feedback, indexed by ``(arm, seed)`` (paper §7).
+
+    A reward query beyond the deployed one is the unit of cost: an exact evaluation of a slate
+    queries its K - 1 undeployed candidates. ``removal`` with ``exact_budget`` b evaluates a
+    share of about b of its slates (Eq. 21's Z = 1, logged per update as ``exact_evaluations``);
+    the ``oracle`` evaluates every slate; ``wta`` and ``removal`` without a budget none.
+
+    Columns: ``budget`` (the config's ``exact_budget``; 1 for the oracle), ``exact share``
+    (slates evaluated exactly / slates, over the run), ``feedback cost`` (reward queries beyond
+    the deployed ones, over the run), ``cost per update``, and the held-out ``deployed``,
+    ``agents' mean`` and ``best_of_k`` (as in :func:`health_table`).
+    """
+    rows = {}
+    for r in [runs] if isinstance(runs, Run) else runs:
+        if r.eval is None:
+            continue
+        m = r.metrics
+        slates = len(m) * r.slates_per_update
+        if r.signal == "oracle":
+            exact, budget = slates, 1.0
+        else:
+            exact = int(m["exact_evaluations"].sum()) if "exact_evaluations" in m else 0
+            budget = float(r.config.get("exact_budget", 0.0)) if r.signal == "removal" else 0.0
+        cost = exact * (len(r.agents) - 1)
+        e = r.eval
+        rows[r.arm, int(r.config.get("seed", 0))] = {
+            "budget": budget, "exact share": exact / slates, "feedback cost": cost,
+            "cost per update": cost / len(m), "deployed": float(e["accuracy"]),
+            "agents' mean": float(e.get("uniform_accuracy", np.nan)),
+            "best_of_k": float(e.get("best_of_k", np.nan))}
+    if not rows:
+        raise ValueError("no run has an eval.json")
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["arm", "seed"])
+    return table.sort_index()
