@@ -20,10 +20,14 @@ The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
 **One recording, one commit.** The grid's runs are compared with each other, so every one
 of them must run the same code: a job refuses to start when the commit differs from the one
 the grid's recorded runs name in their PROVENANCE.json. A recording that spans sessions
-runs from a worktree at that commit, writing into this checkout's results::
+runs the code of a worktree at that commit (``--code``: the jobs import its ``src``, read its
+configs and record its commit), writing into this checkout's results::
 
-    git worktree add /tmp/grid-rec <commit> && cd /tmp/grid-rec
-    python scripts/ch08_record.py grid --parallel 2 --results /path/to/repo/data/results
+    git worktree add /tmp/grid-rec <commit>
+    python scripts/ch08_record.py grid --parallel 2 --code /tmp/grid-rec
+
+A job is always given its seeded ``--config``, resumed or not (``train`` ignores it on resume;
+before 839a64d it required it), so this script resumes the jobs of older commits too.
 """
 
 from __future__ import annotations
@@ -89,8 +93,8 @@ def _job(job: tuple, what: str) -> tuple[str, int, str, dict, str]:
     return signal, seed, rel, overrides, rest[1] if len(rest) > 1 else what
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+def _git(*args: str, code: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=code, capture_output=True, text=True).stdout.strip()
 
 
 def _machine() -> dict:
@@ -116,28 +120,19 @@ def _machine() -> dict:
     }
 
 
-def _command(what: str, signal: str, seed: int, run: Path, overrides: dict | None = None) -> list[str]:
-    """The train command; the config is ``data/configs/ch08-<what>.json`` with ``seed`` and the
-    job's ``overrides`` set."""
-    cmd = [
-        sys.executable,
-        "-W",
-        "ignore",
-        "-m",
-        "mcpg.grpo",
-        "train",
-        "--signal",
-        signal,
-        "--output",
-        str(run),
-        "--no-progress",
-    ]
-    if (run / "config.json").exists():
-        return cmd + ["--resume"]
-    spec = json.loads((ROOT / "data" / "configs" / f"ch08-{what}.json").read_text())
+def _command(what: str, signal: str, seed: int, run: Path, overrides: dict | None = None,
+             code: Path = ROOT) -> list[str]:
+    """The train command; the config is ``data/configs/ch08-<what>.json`` of the checkout
+    ``code`` with ``seed`` and the job's ``overrides`` set, written beside the run directory.
+    A run directory that holds a run (its ``config.json``) is continued with ``--resume``."""
     seeded = run.with_suffix(".config.json")
-    seeded.write_text(json.dumps({**spec, **(overrides or {}), "seed": seed}, indent=1) + "\n")
-    return cmd + ["--config", str(seeded)]
+    resume = (run / "config.json").exists()
+    if not (resume and seeded.exists()):
+        spec = json.loads((code / "data" / "configs" / f"ch08-{what}.json").read_text())
+        seeded.write_text(json.dumps({**spec, **(overrides or {}), "seed": seed}, indent=1) + "\n")
+    cmd = [sys.executable, "-W", "ignore", "-m", "mcpg.grpo", "train", "--signal", signal,
+           "--output", str(run), "--no-progress", "--config", str(seeded)]
+    return cmd + ["--resume"] if resume else cmd
 
 
 def _times(path: Path) -> dict:
@@ -155,6 +150,12 @@ def _times(path: Path) -> dict:
         if k in keys:
             out[keys[k]] = float(v)
     return out
+
+
+def _updates_seconds(run: Path) -> float:
+    """Wall seconds of the run's updates from its metrics.jsonl (every call's, resumed or not)."""
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    return sum(r["seconds"]["total"] for r in rows if "seconds" in r)
 
 
 def _record(
@@ -180,7 +181,9 @@ def _record(
         "seed": seed,
         "wall_s": round(wall),
         **_times(run.with_suffix(".time")),
-        "note": "wall and CPU time of this call (a resumed run counts its last call only); one torch thread",
+        "updates_s": round(_updates_seconds(run)),
+        "note": "wall and CPU time of this call (a resumed run counts its last call only); updates_s: the "
+                "wall time of all the run's updates (metrics.jsonl's seconds), every call; one torch thread",
         "machine": _machine(),
         "copied": list(COPIED) + ["(not the adapter or router weights)"],
     }
@@ -194,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, help="jobs at once (one torch thread each)")
     ap.add_argument("--only", nargs="+", metavar="RUN",
                     help="record only these jobs, named by their folder (e.g. ch08/compare/removal/seed2)")
+    ap.add_argument("--code", default=str(ROOT),
+                    help="the checkout whose code, configs and commit the jobs use (default: this one)")
     ap.add_argument("--results", default=str(RESULTS),
                     help="where recorded runs are copied (default: this checkout's data/results)")
     a = ap.parse_args(argv)
@@ -204,13 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(a.only or ()) - set(known))
     if unknown:
         ap.error(f"no job {unknown} in {a.what!r}; its jobs are {known}")
-    head = _git("rev-parse", "HEAD")
+    code = Path(a.code).resolve()
+    if not (code / "src" / "mcpg" / "grpo").is_dir():
+        ap.error(f"--code {code} is not a checkout of this repository (no src/mcpg/grpo)")
+    env["PYTHONPATH"] = os.pathsep.join([str(code / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    head = _git("rev-parse", "HEAD", code=code)
     if a.what in ONE_COMMIT:  # one recording, one commit
         recorded = [f for d in ONE_COMMIT[a.what] for f in (results / d).glob("*/seed*/PROVENANCE.json")]
         commits = {json.loads(f.read_text()).get("commit") for f in recorded}
         if commits - {head}:
             ap.error(f"the grid's recorded runs ran at {sorted(commits)}, this checkout is at {head}: "
-                     "record from a worktree at that commit (see the docstring)")
+                     "record with --code, a worktree at that commit (see the docstring)")
     pending = [j for j in jobs
                if not (results / j[2] / "eval.json").exists() and (not a.only or j[2] in a.only)]
     running: list[tuple] = []
@@ -219,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             signal, seed, rel, overrides, config = pending.pop(0)
             run = Path(a.runs) / rel
             run.parent.mkdir(parents=True, exist_ok=True)
-            cmd = _command(config, signal, seed, run, overrides)
+            cmd = _command(config, signal, seed, run, overrides, code)
             log = open(run.with_suffix(".log"), "a")
             started = datetime.now(timezone.utc).isoformat(timespec="seconds")
             timer = (
@@ -227,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                 if Path("/usr/bin/time").exists()
                 else []
             )
-            proc = subprocess.Popen(timer + cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            commit = _git("rev-parse", "HEAD")
-            dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+            proc = subprocess.Popen(timer + cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+            commit = _git("rev-parse", "HEAD", code=code)
+            dirty = bool(_git("status", "--porcelain", "--untracked-files=no", code=code))
             running.append((proc, signal, seed, rel, run, cmd, started, time.time(), commit, dirty, overrides,
                             config))
             print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)

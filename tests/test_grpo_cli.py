@@ -109,9 +109,9 @@ def test_resume_needs_no_config(tmp_path, capsys, no_training):
 
 
 def test_recorder_commands_parse(tmp_path, capsys, no_training):
-    # scripts/ch08_record.py starts a job with its seeded config and resumes it with --resume;
-    # both command lines must pass the train command's own parser (a resumed job once failed
-    # with exit 2 when --config was required)
+    # scripts/ch08_record.py starts a job with its seeded config and resumes it with --resume
+    # and the same config (which train ignores on resume, and required before 839a64d); both
+    # command lines must pass the train command's own parser
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
@@ -125,11 +125,19 @@ def test_recorder_commands_parse(tmp_path, capsys, no_training):
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"config": seeded, "signal": "removal"}))
     resumed = rec._command("grid", "removal", 0, run, {"scale_rewards": "group"})
-    assert "--resume" in resumed and "--resume" not in new
+    assert resumed == new + ["--resume"]
     for cmd in (new, resumed):
         assert cmd[3:6] == ["-m", "mcpg.grpo", "train"]
         assert cli.main(cmd[5:]) == 0, capsys.readouterr().err
     assert [c[4]["resume"] for c in no_training] == [False, True]
+    # the updates' wall time counts every call of a resumed run
+    rows = [{"update": u, "seconds": {"rollout": 1.0, "actor": 2.0, "total": 3.5}} for u in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rec._updates_seconds(run) == 7.0
+    # --code must be a checkout of this repository
+    with pytest.raises(SystemExit):
+        rec.main(["grid", "--code", str(tmp_path), "--runs", str(tmp_path / "runs")])
+    assert "not a checkout" in capsys.readouterr().err
 
 
 def test_argument_errors_exit_2(capsys):
