@@ -10,6 +10,7 @@ from mcpg import routing
 from mcpg.grpo.objective import credit
 from mcpg.grpo.runs import (
     NoPairedSeeds,
+    advantage_bias,
     compare_runs,
     compare_signals,
     eval_gains,
@@ -286,6 +287,13 @@ def test_expected_advantage(tmp_path):
     assert not dead["any_correct"].any()
     np.testing.assert_allclose(dead["expected_none"], 0.0, atol=1e-12)  # no right answer: no push
     assert dead["expected_group"].abs().max() > 0.05  # standardised: a push from the outcome model
+    # summed up over the groups with no right candidate (here the one group of each agent)
+    bias = advantage_bias(ea)
+    assert bias["groups without a right candidate"] == pytest.approx(1 - ea["any_correct"].mean())
+    assert bias["groups without a right candidate"] == pytest.approx(1 / 4)  # 1 of 4 prompts
+    assert bias["mean |E[A]|, centred"] < 1e-12
+    assert bias["mean |E[A]|, standardised"] == pytest.approx(dead["expected_group"].abs().mean())
+    assert bias["corr with p"] == pytest.approx(np.corrcoef(dead["expected_group"], dead["p"])[0, 1])
     # an independent path: simulate whole rollouts of router draws and average the advantages
     p, P, mu = (np.asarray(slates[0][k], float)[:4] for k in ("p", "P", "mu_hat"))
     n_sim, agent = 20_000, 1

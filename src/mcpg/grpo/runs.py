@@ -25,7 +25,8 @@ functions below turn runs into the frames chapter 8 draws and tests:
   group whose credits differ only by estimator noise moves as far as one with signal;
 - :func:`expected_advantage`: per completion, the advantage its credit gets on average over
   the router's draws given the completions, standardised and centred: the bias that group
-  standardisation adds to an unbiased credit;
+  standardisation adds to an unbiased credit; :func:`advantage_bias` sums it up over the
+  groups with no right candidate;
 - :func:`health_table`: per finished run, the bars (:data:`HEALTH_BARS`) a run must clear before
   its credit signal is compared with another's, and the held-out measures read apart from the
   router;
@@ -55,8 +56,8 @@ from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advanta
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
-           "group_signal", "expected_advantage", "recording_summary", "health_table", "compare_signals",
-           "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
+           "group_signal", "expected_advantage", "advantage_bias", "recording_summary", "health_table",
+           "compare_signals", "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -467,6 +468,29 @@ def expected_advantage(run: Run) -> pd.DataFrame:
             "any_correct": np.repeat(any_correct, K), "expected_credit": expected_credit.ravel(),
             "expected_group": ea["group"].ravel(), "expected_none": ea["none"].ravel()}))
     return pd.concat(frames, ignore_index=True)
+
+
+def advantage_bias(expected: pd.DataFrame) -> pd.Series:
+    """The bias of an advantage scaling, summed up from :func:`expected_advantage`'s frame.
+
+    Over the rows of groups with no right candidate, where the exact removal contribution is 0
+    and an unbiased credit has nothing to push: ``groups without a right candidate`` (their
+    share), the mean size of ``E[A | completions]`` standardised and centred, and the correlation
+    of the standardised one with the completion's propensity ``p`` and with ``mu_hat`` (NaN
+    when either does not vary). Centred, the mean size is 0 for ``removal`` (Corollary 3).
+    """
+    dead = expected[~expected["any_correct"].astype(bool)]
+
+    def corr(x: str) -> float:
+        a, b = dead["expected_group"].to_numpy(), dead[x].to_numpy()
+        return float(np.corrcoef(a, b)[0, 1]) if len(dead) > 1 and a.std() > 0 and b.std() > 0 else np.nan
+
+    return pd.Series({
+        "groups without a right candidate": 1 - float(expected["any_correct"].mean()),
+        "mean |E[A]|, standardised": float(dead["expected_group"].abs().mean()),
+        "mean |E[A]|, centred": float(dead["expected_none"].abs().mean()),
+        "corr with p": corr("p"), "corr with mu_hat": corr("mu_hat"),
+    })
 
 
 def recording_summary(run: Run) -> dict:
