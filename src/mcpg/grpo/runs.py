@@ -544,27 +544,37 @@ def health_table(runs: Run | list[Run], last: int = 5) -> pd.DataFrame:
     """
     if last < 1:
         raise ValueError(f"last must be a positive integer, got {last}")
-    rows = {}
-    for r in [runs] if isinstance(runs, Run) else runs:
-        if r.eval is None:
-            continue
+
+    def row(r: Run) -> dict:
         tail = r.metrics.sort_values("update").tail(last)
         zero = (np.array(tail["zero_std_reward_fraction"].tolist(), dtype=float).mean()
                 if "zero_std_reward_fraction" in tail else float("nan"))
         e = r.eval
         auc = e.get("router_auc")
-        row = {"cut": float(tail["truncated"].mean()), "zero-spread": float(zero),
+        out = {"cut": float(tail["truncated"].mean()), "zero-spread": float(zero),
                "router_auc": np.nan if auc is None else float(auc),
                "router_auc_within": (np.nan if e.get("router_auc_within") is None
                                      else float(e["router_auc_within"])),
-               "deployed": float(e["accuracy"]),
-               "agents' mean": float(e.get("uniform_accuracy", np.nan)),
-               "best_of_k": float(e.get("best_of_k", np.nan)),
-               "largest share": float(max(e["deployed_fraction"]))}
-        row["healthy"] = bool(row["cut"] <= HEALTH_BARS["truncated"]
-                              and row["router_auc"] >= HEALTH_BARS["router_auc"]
-                              and row["deployed"] >= row["agents' mean"] - 1e-12)
-        rows[r.arm, int(r.config.get("seed", 0))] = row
+               **_held_out(e), "largest share": float(max(e["deployed_fraction"]))}
+        out["healthy"] = bool(out["cut"] <= HEALTH_BARS["truncated"]
+                              and out["router_auc"] >= HEALTH_BARS["router_auc"]
+                              and out["deployed"] >= out["agents' mean"] - 1e-12)
+        return out
+
+    return _by_arm_and_seed(runs, row)
+
+
+def _held_out(e: dict) -> dict:
+    """An eval.json's held-out measures read apart from the router: deployed, the agents' mean
+    (a uniform router) and best-of-K."""
+    return {"deployed": float(e["accuracy"]), "agents' mean": float(e.get("uniform_accuracy", np.nan)),
+            "best_of_k": float(e.get("best_of_k", np.nan))}
+
+
+def _by_arm_and_seed(runs: Run | list[Run], row) -> pd.DataFrame:
+    """``row(run)`` of every finished run (one with an eval.json), indexed by ``(arm, seed)``."""
+    rows = {(r.arm, int(r.config.get("seed", 0))): row(r)
+            for r in ([runs] if isinstance(runs, Run) else runs) if r.eval is not None}
     if not rows:
         raise ValueError("no run has an eval.json")
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -612,10 +622,7 @@ def feedback_table(runs: Run | list[Run]) -> pd.DataFrame:
     the deployed ones, over the run), ``cost per update``, and the held-out ``deployed``,
     ``agents' mean`` and ``best_of_k`` (as in :func:`health_table`).
     """
-    rows = {}
-    for r in [runs] if isinstance(runs, Run) else runs:
-        if r.eval is None:
-            continue
+    def row(r: Run) -> dict:
         m = r.metrics
         slates = len(m) * r.slates_per_update
         if r.signal == "oracle":
@@ -624,14 +631,7 @@ def feedback_table(runs: Run | list[Run]) -> pd.DataFrame:
             exact = int(m["exact_evaluations"].sum()) if "exact_evaluations" in m else 0
             budget = float(r.config.get("exact_budget", 0.0)) if r.signal == "removal" else 0.0
         cost = exact * (len(r.agents) - 1)
-        e = r.eval
-        rows[r.arm, int(r.config.get("seed", 0))] = {
-            "budget": budget, "exact share": exact / slates, "feedback cost": cost,
-            "cost per update": cost / len(m), "deployed": float(e["accuracy"]),
-            "agents' mean": float(e.get("uniform_accuracy", np.nan)),
-            "best_of_k": float(e.get("best_of_k", np.nan))}
-    if not rows:
-        raise ValueError("no run has an eval.json")
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index = pd.MultiIndex.from_tuples(table.index, names=["arm", "seed"])
-    return table.sort_index()
+        return {"budget": budget, "exact share": exact / slates, "feedback cost": cost,
+                "cost per update": cost / len(m), **_held_out(r.eval)}
+
+    return _by_arm_and_seed(runs, row)
