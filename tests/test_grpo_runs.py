@@ -10,6 +10,7 @@ from mcpg import routing
 from mcpg.grpo.objective import credit
 from mcpg.grpo.runs import (
     NoPairedSeeds,
+    advantage_alignment,
     advantage_bias,
     compare_runs,
     compare_signals,
@@ -307,6 +308,25 @@ def test_expected_advantage(tmp_path):
     # a perturbed signal must break Corollary 3's line: wta's expected credit is not the oracle
     wta = expected_advantage(read_run(_write_run(tmp_path / "w", signal="wta", slates=slates)))
     assert np.abs(wta["expected_credit"] - sc["oracle"]).max() > 0.05
+
+
+def test_advantage_alignment_of_a_run(tmp_path):
+    """The run-level table pools all updates' groups into one call of the objective's function."""
+    from mcpg.grpo.objective import advantage_alignment as on_groups
+    slates = _slates(np.random.default_rng(6), n_updates=3)
+    run = read_run(_write_run(tmp_path / "r", slates=slates))
+    table = advantage_alignment(run)
+    assert list(table.index) == [(s, sc) for s in ("wta", "removal", "oracle") for sc in ("group", "none")]
+    stack = {k: np.concatenate([np.asarray(s[k], float).reshape((2, 4) + np.shape(s[k])[1:]) for s in slates])
+             for k in ("p", "P", "mu_hat", "R")}
+    want = on_groups("removal", stack["p"], stack["P"], stack["mu_hat"], stack["R"], "none")
+    assert table.loc[("removal", "none")].to_dict() == pytest.approx(want)
+    # pooled, not averaged per update: one update alone gives another answer
+    first = on_groups("removal", *(stack[k][:2] for k in ("p", "P", "mu_hat", "R")), "none")
+    assert first["corr"] != pytest.approx(want["corr"])
+    assert table.loc[("oracle", "group"), "expected_share"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="whole groups"):
+        advantage_alignment(read_run(_write_run(tmp_path / "odd", slates=slates, completions_per_agent=3)))
 
 
 def test_agent_level_measures_read_the_actors_apart_from_the_router(tmp_path):

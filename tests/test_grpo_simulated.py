@@ -577,6 +577,47 @@ def test_expected_advantages_matches_monte_carlo_and_is_biased_when_standardised
     np.testing.assert_allclose(sim.expected_advantages("removal", p, P, mu, R, "none"), 0.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("signal,scale", [("removal", "group"), ("removal", "none"), ("wta", "group")])
+def test_advantage_moments_and_alignment_match_monte_carlo(signal, scale):
+    """Both moments over the router's draws, and the pooled correlation of A with R, against
+    simulated draws (40,000 per group, 5 standard errors)."""
+    from mcpg.grpo.objective import advantage_alignment, advantage_moments
+    rng = np.random.default_rng(11)
+    p, P, mu = _random_slates(rng, (3, 4))
+    R = (rng.random((3, 4, 3)) < 0.4).astype(float)
+    first, second = advantage_moments(signal, p, P, mu, R, scale)
+    n = 40_000
+    A = route_and_credit(signal, np.broadcast_to(p, (n, 3, 4, 3)), np.broadcast_to(P, (n, 3, 4, 3, 3)),
+                         np.broadcast_to(mu, (n, 3, 4, 3)), np.broadcast_to(R, (n, 3, 4, 3)),
+                         np.random.default_rng(12), scale_rewards=scale).advantages
+    for exact, draws in ((first, A), (second, A**2)):
+        assert (np.abs(draws.mean(0) - exact) < 5 * draws.std(0) / np.sqrt(n) + 1e-9).all()
+    assert (second >= first**2 - 1e-12).all()  # a variance is not negative
+    al = advantage_alignment(signal, p, P, mu, R, scale)
+    Rb = np.broadcast_to(R, A.shape)
+    assert al["corr"] == pytest.approx(np.corrcoef(A.ravel(), Rb.ravel())[0, 1], abs=0.01)
+    assert al["rms"] == pytest.approx(np.sqrt((A**2).mean()), rel=0.01)
+    assert 0 < al["expected_share"] < 1  # the draw adds noise to these signals
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10_000))
+def test_advantage_alignment_exact_cases(seed):
+    """The oracle does not depend on the draw; centred winner-take-all's expected advantage is
+    the centred ``p_i R_i``; a reward that does not vary has no correlation."""
+    from mcpg.grpo.objective import advantage_alignment, advantage_moments
+    rng = np.random.default_rng(seed)
+    p, P, mu = _random_slates(rng, (4, 3))
+    R = (rng.random((4, 3, 3)) < 0.5).astype(float)
+    R[0, 0, 0], R[0, 1, 0] = 1.0, 0.0  # R varies
+    first, second = advantage_moments("oracle", p, P, mu, R, "group")
+    np.testing.assert_allclose(second, first**2, atol=1e-12)
+    assert advantage_alignment("oracle", p, P, mu, R, "none")["expected_share"] == pytest.approx(1.0)
+    first, _ = advantage_moments("wta", p, P, mu, R, "none")
+    np.testing.assert_allclose(first, group_advantages(p * R, "none"), atol=1e-12)
+    assert np.isnan(advantage_alignment("removal", p, P, mu, np.ones_like(R), "none")["corr"])
+
+
 def test_rollout_diagnostics_on_trained_pools():
     run = sim.train_pool(replace(SHORT, unsolvable=0.5), "removal", [0, 1])
     d = sim.rollout_diagnostics(run, prompts=200)

@@ -64,7 +64,9 @@ __all__ = [
     "zero_std_groups",
     "RoutedCredit",
     "route_and_credit",
+    "advantage_moments",
     "expected_advantages",
+    "advantage_alignment",
     "clipped_grpo_loss",
 ]
 
@@ -406,20 +408,18 @@ def route_and_credit(
                         zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0), exact=exact)
 
 
-def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                        eps: float = ADVANTAGE_EPS) -> np.ndarray:
-    """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
+def advantage_moments(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
+                      eps: float = ADVANTAGE_EPS) -> tuple[np.ndarray, np.ndarray]:
+    """``E[A | completions]`` and ``E[A^2 | completions]``: each agent's GRPO advantage over the
+    router's draws, exactly.
 
     A group is one prompt's m slates (axis -2), each routed by its own independent draw
     ``I_g ~ p_g`` (Eq. 3). Given the completions (so R, p, P and mu_hat are fixed), the
     advantage of agent i's completion g depends on all m draws through the group's
-    baseline (and, with ``scale_rewards="group"``, its standard deviation), so the
-    expectation is a sum over the ``K^m`` joint draws, weighted by ``prod_g p_g(I_g)``.
-
-    Centred (``"none"``), advantages are linear in the scores, so for ``"removal"``
-    (Eq. 19, unbiased given the slate, Corollary 3) the result equals the centred exact
-    removal contribution (``"oracle"``). Standardised, it need not: in a group with no right
-    candidate every exact contribution is 0, yet this expectation is not.
+    baseline (and, with ``scale_rewards="group"``, its standard deviation), so both moments
+    are sums over the ``K^m`` joint draws, weighted by ``prod_g p_g(I_g)``.
+    ``E[A^2] - E[A]^2`` is the variance the router's draw adds to the advantage; it is 0 for
+    ``"oracle"``, whose credit does not depend on the draw.
 
     Args:
         signal: ``"wta"``, ``"removal"`` or ``"oracle"`` (:func:`~mcpg.grpo.objective.credit`).
@@ -428,8 +428,8 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
         scale_rewards, eps: as :func:`~mcpg.grpo.objective.group_advantages`.
 
     Returns:
-        ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4; 6561 for
-        chapter 8's m = 8).
+        two arrays ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4;
+        6561 for m = 8).
     """
     p = np.asarray(p, dtype=float)
     R = np.asarray(rewards_all, dtype=float)
@@ -455,15 +455,59 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
     ], axis=-2)
     combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m): one draw per slate
     slate = np.arange(m)
-    out = np.empty((n_groups, m, K))
+    first, second = np.empty((n_groups, m, K)), np.empty((n_groups, m, K))
     chunk = max(1, 2_000_000 // (len(combos) * m * K))
     for lo in range(0, n_groups, chunk):
         t = table[lo:lo + chunk]  # (b, m, K draws, K agents)
         scores = t[:, slate, combos]  # (b, K^m, m, K agents)
         A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
         weight = flat[0][lo:lo + chunk][:, slate, combos].prod(-1)  # (b, K^m)
-        out[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
-    return out.reshape(p.shape)
+        first[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
+        second[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A * A)
+    return first.reshape(p.shape), second.reshape(p.shape)
+
+
+def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
+                        eps: float = ADVANTAGE_EPS) -> np.ndarray:
+    """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
+
+    The first of :func:`advantage_moments` (same arguments and cost). Centred (``"none"``),
+    advantages are linear in the scores, so for ``"removal"`` (Eq. 19, unbiased given the
+    slate, Corollary 3) the result equals the centred exact removal contribution
+    (``"oracle"``). Standardised, it need not: in a group with no right candidate every exact
+    contribution is 0, yet this expectation is not.
+    """
+    return advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)[0]
+
+
+def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
+                        eps: float = ADVANTAGE_EPS) -> dict:
+    """How much of the GRPO advantage a signal hands a completion is about that completion.
+
+    Over every completion of the groups given (uniform weight) and the router's draws (exact,
+    :func:`advantage_moments`), with the completion's own reward ``R`` fixed:
+
+    - ``corr``: the correlation of the advantage ``A`` with ``R``. An agent's GRPO step is
+      ``sum_g A_g grad log pi(y_g)``; the larger ``corr``, the more of it moves probability
+      towards the agent's right answers and away from its wrong ones. Winner-take-all's credit
+      is ``1{I = i} R``; the exact removal contribution also depends on the other agents'
+      candidates on the slate (``p_i (R_i - mean of the others)`` when ``P`` renormalises ``p``);
+      Eq. (19) adds the noise of the router's draw to that;
+    - ``rms``: ``sqrt(E[A^2])``, the size of the steps;
+    - ``expected_share``: ``E[E[A | completions]^2] / E[A^2]``, the part of the advantage's
+      second moment that is left after averaging over the router's draws (1 for ``"oracle"``);
+      the rest is the noise the draw adds.
+
+    Arguments as :func:`advantage_moments`. NaN where ``R`` or ``A`` does not vary.
+    """
+    first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
+    R = np.asarray(rewards_all, dtype=float)
+    var_a = second.mean() - first.mean() ** 2
+    cov = (first * R).mean() - first.mean() * R.mean()
+    denom = np.sqrt(var_a * R.var())
+    return {"corr": float(cov / denom) if denom > 1e-15 else np.nan,
+            "rms": float(np.sqrt(second.mean())),
+            "expected_share": float((first**2).sum() / second.sum()) if second.sum() > 1e-15 else np.nan}
 
 
 def clipped_grpo_loss(

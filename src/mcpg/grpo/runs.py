@@ -53,10 +53,12 @@ import pandas as pd
 
 from ..stats import mean_ci
 from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
+from .objective import advantage_alignment as objective_alignment
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
-           "group_signal", "expected_advantage", "advantage_bias", "recording_summary", "health_table",
+           "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment", "recording_summary",
+           "health_table",
            "compare_signals", "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
@@ -426,6 +428,20 @@ def group_signal(run: Run) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _grouped_slates(run: Run):
+    """Each logged update's row with its slates as GRPO groups: ``p``, ``P``, ``mu_hat`` and
+    ``R`` shaped ``(prompts, m, K)`` (``P``: ``(prompts, m, K, K)``)."""
+    if not run.slates:
+        raise ValueError(f"{run.path} holds no slates.jsonl")
+    m = int(run.config["completions_per_agent"])
+    for row in run.slates:
+        arrays = [np.asarray(row[k], float) for k in ("p", "P", "mu_hat", "R")]
+        n = arrays[0].shape[0]
+        if n % m:
+            raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
+        yield row, [x.reshape((n // m, m) + x.shape[1:]) for x in arrays]
+
+
 def expected_advantage(run: Run) -> pd.DataFrame:
     """The advantage each completion's credit gets *on average over the router's draws*, given
     the completions: ``E[A | completions]`` under both advantage scalings, on the logged slates.
@@ -444,18 +460,12 @@ def expected_advantage(run: Run) -> pd.DataFrame:
     is right), ``expected_credit``, ``expected_group`` (standardised, the run's
     ``advantage_eps``) and ``expected_none`` (centred).
     """
-    if not run.slates:
-        raise ValueError(f"{run.path} holds no slates.jsonl")
-    m = int(run.config["completions_per_agent"])
     eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
     frames = []
-    for row in run.slates:
-        R, p = np.asarray(row["R"], float), np.asarray(row["p"], float)
-        P, mu = np.asarray(row["P"], float), np.asarray(row["mu_hat"], float)
+    for row, groups in _grouped_slates(run):
+        p, P, mu, R = (x.reshape((-1,) + x.shape[2:]) for x in groups)
         n, K = R.shape
-        if n % m:
-            raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
-        groups = [x.reshape((n // m, m) + x.shape[1:]) for x in (p, P, mu, R)]
+        m = groups[0].shape[1]
         ea = {sc: expected_advantages(run.signal, *groups, scale_rewards=sc, eps=eps).reshape(n, K)
               for sc in ("group", "none")}
         expected_credit = sum(p[:, [j]] * credit(run.signal, np.full(n, j), R[:, j], p, P, mu, rewards_all=R)
@@ -468,6 +478,24 @@ def expected_advantage(run: Run) -> pd.DataFrame:
             "any_correct": np.repeat(any_correct, K), "expected_credit": expected_credit.ravel(),
             "expected_group": ea["group"].ravel(), "expected_none": ea["none"].ravel()}))
     return pd.concat(frames, ignore_index=True)
+
+
+def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
+                        scalings=("group", "none")) -> pd.DataFrame:
+    """How much of each signal's GRPO advantage is about the completion it is given, on one
+    run's logged slates: :func:`mcpg.grpo.objective.advantage_alignment` over all its groups.
+
+    The slates are the run's own, so every signal is read on the same completions, routed by
+    the same router: what winner-take-all, Eq. (19) and the exact removal contribution would
+    have handed these completions. One row per (signal, scaling): ``corr`` (of the advantage
+    with the completion's own reward, over completions and the router's draws), ``rms`` and
+    ``expected_share`` (the part of ``E[A^2]`` left after averaging over the draws).
+    """
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    groups = [np.concatenate(x) for x in zip(*(g for _, g in _grouped_slates(run)))]
+    return pd.DataFrame([{"signal": s, "scaling": sc,
+                          **objective_alignment(s, *groups, scale_rewards=sc, eps=eps)}
+                         for s in signals for sc in scalings]).set_index(["signal", "scaling"])
 
 
 def advantage_bias(expected: pd.DataFrame) -> pd.Series:
