@@ -626,6 +626,10 @@ def test_rollout_diagnostics_on_trained_pools():
     assert ((d["auc"] >= 0) & (d["auc"] <= 1)).all()
     # centred, the removal signal's expectation in groups with no right candidate is 0
     assert (d["abs_ea_none_no_right"] < 1e-12).all() and (d["abs_ea_group_no_right"] > 0).all()
+    # Eq. (19)'s draw noise: its advantage follows the completion's own reward less than the
+    # exact contribution's, whose expectation it shares (centred, Corollary 3)
+    assert (d["align_removal_none"] < d["align_oracle_none"]).all()
+    assert d.filter(like="align_").abs().le(1).all().all()
     easy = sim.rollout_diagnostics(sim.train_pool(SHORT, "removal", [0, 1]), prompts=200)
     assert (easy["no_right"] < d["no_right"]).all()
 

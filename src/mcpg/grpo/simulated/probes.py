@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import routing, stats
-from ..objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
+from ..objective import ADVANTAGE_EPS, advantage_alignment, credit, expected_advantages, group_advantages
 from .pool import (
     SimConfig,
     _one_thread,
@@ -158,7 +158,10 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
     - ``abs_ea_group_no_right``, ``abs_ea_none_no_right``: the same over the groups with no
       right candidate (centred it is 0 there: Corollary 3);
     - ``corr_p``, ``corr_mu``: over those groups' completions, the correlation of the
-      standardised ``E[A | completions]`` with the completion's propensity and with ``mu_hat``.
+      standardised ``E[A | completions]`` with the completion's propensity and with ``mu_hat``;
+    - ``align_<signal>_<scaling>``, for ``wta``, ``removal`` and ``oracle`` under ``group`` and
+      ``none``: the correlation of that signal's advantage with the completion's own reward,
+      over completions and the router's draws (:func:`advantage_alignment`).
     """
     p = np.asarray(p, dtype=float)
     mu = np.asarray(mu_hat, dtype=float)
@@ -178,6 +181,8 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
         "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
         "abs_ea_none_no_right": float(np.abs(ea["none"][sel]).mean()) if x.size else np.nan,
         "corr_p": corr(p), "corr_mu": corr(mu),
+        **{f"align_{s}_{sc}": advantage_alignment(s, p, P, mu, R, sc, eps=eps)["corr"]
+           for s in ("wta", "removal", "oracle") for sc in ("group", "none")},
     }
 
 
