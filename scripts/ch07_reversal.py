@@ -17,8 +17,9 @@ Every cell is trained with winner-take-all, removal and the oracle under both sc
 (``scale_rewards`` "group" and "none") on 30 fresh seeds (300-329, never used before).
 The final value of each metric is stored per seed, and for every run the diagnostics of
 :func:`mcpg.grpo.simulated.rollout_diagnostics` (share of groups with no right candidate,
-the outcome model's AUC, the removal signal's mean ``|E[A | completions]|``) at the middle
-and the last checkpoint, per seed.
+the outcome model's AUC, the removal signal's mean ``|E[A | completions]|``, and how far each
+signal's advantage follows the completion's own reward) at the middle and the last
+checkpoint, per seed.
 
 Writes ``data/results/ch07/reversal.json`` after every run (an interrupted run keeps what
 it has, and a rerun resumes), with the command, the commit, the date, the machine and the
@@ -56,7 +57,8 @@ SCALINGS = ("group", "none")
 SIGNALS = ("wta", "removal", "oracle")
 KEYS = sim.EVAL_KEYS + sim.DIAGNOSTIC_KEYS
 DIAG = ("no_right", "auc", "abs_ea_group", "abs_ea_none", "abs_ea_group_no_right",
-        "abs_ea_none_no_right", "corr_p", "corr_mu")
+        "abs_ea_none_no_right", "corr_p", "corr_mu",
+        *(f"align_{s}_{sc}" for s in SIGNALS for sc in SCALINGS))
 
 
 def config(cell: dict, scale: str) -> sim.SimConfig:
