@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -94,7 +95,7 @@ def main() -> None:
     done = {(json.dumps(r["cell"], sort_keys=True), r["scale_rewards"], r["method"])
             for r in data["results"]}
     data.update({
-        "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
+        "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python " + " ".join(sys.argv),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": machine(),
