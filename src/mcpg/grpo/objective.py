@@ -471,9 +471,9 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
                         eps: float = ADVANTAGE_EPS) -> np.ndarray:
     """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
 
-    The first of :func:`advantage_moments` (same arguments and cost). Centred (``"none"``),
-    advantages are linear in the scores, so for ``"removal"`` (Eq. 19, unbiased given the
-    slate, Corollary 3) the result equals the centred exact removal contribution
+    The first of :func:`~mcpg.grpo.objective.advantage_moments` (same arguments and cost).
+    Centred (``"none"``), advantages are linear in the scores, so for ``"removal"`` (Eq. 19,
+    unbiased given the slate, Corollary 3) the result equals the centred exact removal contribution
     (``"oracle"``). Standardised, it need not: in a group with no right candidate every exact
     contribution is 0, yet this expectation is not.
     """
@@ -484,8 +484,9 @@ def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
                         eps: float = ADVANTAGE_EPS) -> dict:
     """How much of the GRPO advantage a signal hands a completion is about that completion.
 
-    Over every completion of the groups given (uniform weight) and the router's draws (exact,
-    :func:`advantage_moments`), with the completion's own reward ``R`` fixed:
+    Over every completion of the groups given (uniform weight) and the router's draws
+    (exact, :func:`~mcpg.grpo.objective.advantage_moments`), with the completion's own
+    reward ``R`` fixed:
 
     - ``corr``: the correlation of the advantage ``A`` with ``R``. An agent's GRPO step is
       ``sum_g A_g grad log pi(y_g)``; the larger ``corr``, the more of it moves probability
@@ -498,7 +499,8 @@ def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
       second moment that is left after averaging over the router's draws (1 for ``"oracle"``);
       the rest is the noise the draw adds.
 
-    Arguments as :func:`advantage_moments`. NaN where ``R`` or ``A`` does not vary.
+    Arguments as :func:`~mcpg.grpo.objective.advantage_moments`. NaN where ``R`` or ``A``
+    does not vary.
     """
     first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
     R = np.asarray(rewards_all, dtype=float)

@@ -161,7 +161,8 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
       standardised ``E[A | completions]`` with the completion's propensity and with ``mu_hat``;
     - ``align_<signal>_<scaling>``, for ``wta``, ``removal`` and ``oracle`` under ``group`` and
       ``none``: the correlation of that signal's advantage with the completion's own reward,
-      over completions and the router's draws (:func:`advantage_alignment`).
+      over completions and the router's draws
+      (:func:`~mcpg.grpo.objective.advantage_alignment`).
     """
     p = np.asarray(p, dtype=float)
     mu = np.asarray(mu_hat, dtype=float)
