@@ -29,6 +29,7 @@ from mcpg.grpo.runs import (
     recording_summary,
     signals_over_seeds,
     slate_credit,
+    slate_groups,
     t_interval,
 )
 
@@ -319,6 +320,8 @@ def test_advantage_alignment_of_a_run(tmp_path):
     assert list(table.index) == [(s, sc) for s in ("wta", "removal", "oracle") for sc in ("group", "none")]
     stack = {k: np.concatenate([np.asarray(s[k], float).reshape((2, 4) + np.shape(s[k])[1:]) for s in slates])
              for k in ("p", "P", "mu_hat", "R")}
+    for got, k in zip(slate_groups(run), ("p", "P", "mu_hat", "R")):
+        np.testing.assert_array_equal(got, stack[k])
     want = on_groups("removal", stack["p"], stack["P"], stack["mu_hat"], stack["R"], "none")
     assert table.loc[("removal", "none")].to_dict() == pytest.approx(want)
     # pooled, not averaged per update: one update alone gives another answer

@@ -58,7 +58,7 @@ from .objective import advantage_alignment as objective_alignment
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
            "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment", "recording_summary",
-           "health_table",
+           "slate_groups", "health_table",
            "compare_signals", "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
@@ -480,6 +480,14 @@ def expected_advantage(run: Run) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def slate_groups(run: Run) -> list[np.ndarray]:
+    """All of a run's logged slates as GRPO groups, updates one after another: ``[p, P, mu_hat,
+    R]``, each ``(groups, m, K)`` (``P``: ``(groups, m, K, K)``), the arrays that
+    :func:`mcpg.grpo.objective.advantage_moments` and the simulated pool's
+    ``group_diagnostics`` read."""
+    return [np.concatenate(x) for x in zip(*(g for _, g in _grouped_slates(run)))]
+
+
 def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
                         scalings=("group", "none")) -> pd.DataFrame:
     """How much of each signal's GRPO advantage is about the completion it is given, on one
@@ -492,7 +500,7 @@ def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
     ``expected_share`` (the part of ``E[A^2]`` left after averaging over the draws).
     """
     eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
-    groups = [np.concatenate(x) for x in zip(*(g for _, g in _grouped_slates(run)))]
+    groups = slate_groups(run)
     return pd.DataFrame([{"signal": s, "scaling": sc,
                           **objective_alignment(s, *groups, scale_rewards=sc, eps=eps)}
                          for s in signals for sc in scalings]).set_index(["signal", "scaling"])
