@@ -12,6 +12,7 @@ from mcpg.grpo.runs import (
     NoPairedSeeds,
     advantage_alignment,
     advantage_bias,
+    advantage_by_outcome,
     compare_runs,
     compare_signals,
     eval_gains,
@@ -330,6 +331,21 @@ def test_advantage_alignment_of_a_run(tmp_path):
     assert table.loc[("oracle", "group"), "expected_share"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="whole groups"):
         advantage_alignment(read_run(_write_run(tmp_path / "odd", slates=slates, completions_per_agent=3)))
+
+
+def test_advantage_by_outcome_of_a_run(tmp_path):
+    """The run-level table pools all updates' groups into one call of the objective's function."""
+    from mcpg.grpo.objective import OUTCOMES
+    from mcpg.grpo.objective import advantage_by_outcome as on_groups
+    slates = _slates(np.random.default_rng(7), n_updates=3)
+    run = read_run(_write_run(tmp_path / "r", slates=slates))
+    table = advantage_by_outcome(run, scalings=("none",))
+    assert list(table.columns) == list(OUTCOMES)
+    assert list(table.index) == [(s, "none") for s in ("wta", "removal", "oracle")]
+    want = on_groups("oracle", *slate_groups(run), scale_rewards="none")
+    assert table.loc[("oracle", "none")].to_dict() == pytest.approx(
+        {k: v["mean_advantage"] for k, v in want.items()}, nan_ok=True)
+    assert table.attrs["share"] == pytest.approx({k: v["share"] for k, v in want.items()})
 
 
 def test_agent_level_measures_read_the_actors_apart_from_the_router(tmp_path):

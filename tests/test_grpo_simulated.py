@@ -708,3 +708,46 @@ def test_exact_budget_sqrt_beats_uniform_at_equal_cost_on_the_pool():
         sim.SimConfig(exact_budget=2.0)
     with pytest.raises(ValueError):
         sim.SimConfig(allocation="best")
+
+
+def test_advantage_by_outcome_on_a_hand_computed_group():
+    """K = 2 agents at p = (1/2, 1/2), one group of m = 2 slates; agent 0 alone is right on the
+    first slate. Exact removal contributions: +1/2 (agent 0) and -1/2 (agent 1) there, 0 on
+    the second slate; centred, +-1/4 everywhere, so the rms is 1/4."""
+    from mcpg.grpo.objective import OUTCOMES, advantage_by_outcome
+    s = np.zeros((1, 2, 2))
+    p = routing.router_propensities(s, tau=0.5, eps=0.1)
+    P = routing.leave_one_out_propensities(s, tau=0.5, eps=0.1)
+    R = np.array([[[1.0, 0.0], [0.0, 0.0]]])
+    out = advantage_by_outcome("oracle", p, P, 1 / (1 + np.exp(-s)), R, "none")
+    assert list(out) == list(OUTCOMES)
+    assert {k: v["share"] for k, v in out.items()} == pytest.approx(
+        {"right, alone": 0.25, "right, shared": 0.0, "wrong, other right": 0.25, "wrong, none right": 0.5})
+    assert out["right, alone"]["mean_advantage"] == pytest.approx(1.0)
+    assert out["wrong, other right"]["mean_advantage"] == pytest.approx(-1.0)
+    assert out["wrong, none right"]["mean_advantage"] == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(out["right, shared"]["mean_advantage"])
+    # both agents right on the first slate: the exact contribution is 0 for both, nothing moves
+    R[0, 0, 1] = 1.0
+    out = advantage_by_outcome("oracle", p, P, 1 / (1 + np.exp(-s)), R, "none")
+    assert np.isnan(out["right, shared"]["mean_advantage"])  # rms 0: no step to measure against
+    # winner-take-all's credit there is 1{I = i}: centred, A = +-1/2 when deployed, else 0, so
+    # E[A] = 1/4 and E[A^2] = 1/8 on that slate (and the same on the other): 1/4 / sqrt(1/8)
+    out = advantage_by_outcome("wta", p, P, 1 / (1 + np.exp(-s)), R, "none")
+    assert out["right, shared"]["mean_advantage"] == pytest.approx(np.sqrt(0.5))
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10_000), signal=st.sampled_from(["wta", "removal", "oracle"]))
+def test_advantage_by_outcome_centred_kinds_balance(seed, signal):
+    """Centred advantages sum to 0 within every group, so the kinds' share-weighted means do
+    too; the shares are a partition of the completions."""
+    from mcpg.grpo.objective import advantage_by_outcome
+    rng = np.random.default_rng(seed)
+    p, P, mu = _random_slates(rng, (6, 3))
+    R = (rng.random((6, 3, 3)) < 0.4).astype(float)
+    R[0, 0, 0], R[0, 1, 0] = 1.0, 0.0
+    out = advantage_by_outcome(signal, p, P, mu, R, "none")
+    assert sum(v["share"] for v in out.values()) == pytest.approx(1.0)
+    total = sum(v["share"] * v["mean_advantage"] for v in out.values() if v["share"] > 0)
+    assert total == pytest.approx(0.0, abs=1e-9)

@@ -67,6 +67,8 @@ __all__ = [
     "advantage_moments",
     "expected_advantages",
     "advantage_alignment",
+    "OUTCOMES",
+    "advantage_by_outcome",
     "clipped_grpo_loss",
 ]
 
@@ -510,6 +512,43 @@ def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
     return {"corr": float(cov / denom) if denom > 1e-15 else np.nan,
             "rms": float(np.sqrt(second.mean())),
             "expected_share": float((first**2).sum() / second.sum()) if second.sum() > 1e-15 else np.nan}
+
+
+OUTCOMES: tuple[str, ...] = ("right, alone", "right, shared", "wrong, other right", "wrong, none right")
+"""The four kinds of completion :func:`advantage_by_outcome` tells apart: the completion's own
+reward, and whether another agent's candidate on the same slate is right."""
+
+
+def advantage_by_outcome(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
+                         eps: float = ADVANTAGE_EPS) -> dict:
+    """Which completions a signal's GRPO advantage pushes towards, by kind of completion.
+
+    Each completion is one of ``OUTCOMES``: right where no other agent's candidate on its
+    slate is (``right, alone``), right where another's is too (``right, shared``), wrong where
+    another's is right, or wrong with every candidate wrong. For each kind: its ``share`` of the
+    completions, and the mean of ``E[A | completions]`` over its completions in units of the
+    advantage's ``rms`` (:func:`advantage_alignment`), so that signals and scalings of different
+    sizes compare (AdamW's steps do not grow with a common factor on the advantages).
+
+    Winner-take-all's expected credit is ``p_i R_i``: a right answer earns it whoever else is
+    right. The exact removal contribution is ``p_i (R_i - sum_{j != i} P^{-i}_j R_j)`` when
+    ``P`` renormalises ``p``: about 0 for an answer another agent also gets right. Centred
+    within the agent's group, such an answer then sits *below* the group's mean wherever the
+    agent's other completions were right alone, and the step moves probability away from it;
+    standardising gives every group a unit-size step and changes which completions end up below
+    the mean (chapter 8 measures both on the recorded slates).
+
+    Arguments as :func:`advantage_moments`. Returns ``{kind: {"share", "mean_advantage"}}``;
+    ``mean_advantage`` is NaN for a kind with no completion.
+    """
+    first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
+    R = np.asarray(rewards_all, dtype=float)
+    right, other = R > 0, (R > 0).sum(-1, keepdims=True) - (R > 0) > 0
+    kinds = dict(zip(OUTCOMES, (right & ~other, right & other, ~right & other, ~right & ~other)))
+    rms = float(np.sqrt(second.mean()))
+    return {k: {"share": float(w.mean()),
+                "mean_advantage": float(first[w].mean() / rms) if w.any() and rms > 1e-15 else np.nan}
+            for k, w in kinds.items()}
 
 
 def clipped_grpo_loss(

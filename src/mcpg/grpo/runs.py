@@ -54,11 +54,12 @@ import pandas as pd
 from ..stats import mean_ci
 from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
 from .objective import advantage_alignment as objective_alignment
+from .objective import advantage_by_outcome as objective_by_outcome
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
-           "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment", "recording_summary",
-           "slate_groups", "health_table",
+           "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment",
+           "advantage_by_outcome", "recording_summary", "slate_groups", "health_table",
            "compare_signals", "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
@@ -504,6 +505,30 @@ def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
     return pd.DataFrame([{"signal": s, "scaling": sc,
                           **objective_alignment(s, *groups, scale_rewards=sc, eps=eps)}
                          for s in signals for sc in scalings]).set_index(["signal", "scaling"])
+
+
+def advantage_by_outcome(run: Run, signals=("wta", "removal", "oracle"),
+                         scalings=("group", "none")) -> pd.DataFrame:
+    """Which completions each signal's advantage pushes towards, on one run's logged slates:
+    :func:`mcpg.grpo.objective.advantage_by_outcome` over all its groups.
+
+    One row per (signal, scaling), one column per kind of completion
+    (``mcpg.grpo.objective.OUTCOMES``): the mean of ``E[A | completions]`` over that kind,
+    in units of the advantage's rms. A right answer that another agent's candidate on the same
+    slate also gets right is where winner-take-all's and the exact removal contribution's
+    advantages part. The kinds' shares of the completions are in ``frame.attrs["share"]``.
+    """
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    groups = slate_groups(run)
+    rows, share = {}, None
+    for s in signals:
+        for sc in scalings:
+            out = objective_by_outcome(s, *groups, scale_rewards=sc, eps=eps)
+            rows[(s, sc)] = {k: v["mean_advantage"] for k, v in out.items()}
+            share = {k: v["share"] for k, v in out.items()}
+    frame = pd.DataFrame(rows).T.rename_axis(["signal", "scaling"])
+    frame.attrs["share"] = share
+    return frame
 
 
 def advantage_bias(expected: pd.DataFrame) -> pd.Series:
