@@ -75,7 +75,9 @@ JOBS = {
           for sc in ("group", "none")],
     ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
-    # on the grid's pool and commit; record the scaling the grid found better with --only
+    # on the grid's pool and commit. Chapter 9 records the standardised ones (--only
+    # ch09/llm/removal-b0.1-group/seed0 ...): there the grid's oracle is far ahead of Eq. (19),
+    # a gap a budget can close; centred, the oracle's seed 0 is level with Eq. (19)
     "ch09": [
         ("removal", k, f"ch09/llm/removal-b{b}-{sc}/seed{k}",
          {"scale_rewards": sc, "exact_budget": b, "allocation": "sqrt"}, "grid")
