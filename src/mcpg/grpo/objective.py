@@ -543,7 +543,8 @@ def advantage_by_outcome(signal: str, p, P, mu_hat, rewards_all, scale_rewards: 
     """
     first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
     R = np.asarray(rewards_all, dtype=float)
-    right, other = R > 0, (R > 0).sum(-1, keepdims=True) - (R > 0) > 0
+    right = R > 0
+    other = right.sum(-1, keepdims=True) - right > 0  # another agent's candidate on the slate is right
     kinds = dict(zip(OUTCOMES, (right & ~other, right & other, ~right & other, ~right & ~other)))
     rms = float(np.sqrt(second.mean()))
     return {k: {"share": float(w.mean()),

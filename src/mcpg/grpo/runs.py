@@ -520,14 +520,13 @@ def advantage_by_outcome(run: Run, signals=("wta", "removal", "oracle"),
     """
     eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
     groups = slate_groups(run)
-    rows, share = {}, None
+    rows = {}
     for s in signals:
         for sc in scalings:
             out = objective_by_outcome(s, *groups, scale_rewards=sc, eps=eps)
             rows[(s, sc)] = {k: v["mean_advantage"] for k, v in out.items()}
-            share = {k: v["share"] for k, v in out.items()}
     frame = pd.DataFrame(rows).T.rename_axis(["signal", "scaling"])
-    frame.attrs["share"] = share
+    frame.attrs["share"] = {k: v["share"] for k, v in out.items()}  # R alone fixes them
     return frame
 
 
