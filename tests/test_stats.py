@@ -111,3 +111,15 @@ def test_roc_auc_equals_the_pair_count(pairs):
         return
     want = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
     assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_format_interval_and_bounds():
+    """The two ways the chapters print an interval: ``mean ± half-width`` and
+    ``mean [low, high]``, signed, with ``(no interval)`` where a bound is NaN."""
+    assert stats.format_interval(0.1234, 0.0456) == "0.123 ± 0.046"
+    assert stats.format_interval(-0.1234, 0.0456, signed=True) == "-0.123 ± 0.046"
+    assert stats.format_interval(0.1, 0.02, digits=1, signed=True) == "+0.1 ± 0.0"
+    assert stats.format_bounds(0.203, 0.148, 0.258) == "+0.203 [+0.148, +0.258]"
+    assert stats.format_bounds(-0.0261, -0.0634, 0.0112) == "-0.026 [-0.063, +0.011]"
+    assert stats.format_bounds(0.5, np.nan, np.nan, digits=2) == "+0.50 (no interval)"
+    assert stats.format_bounds(0.5, 0.4, np.nan) == "+0.500 (no interval)"

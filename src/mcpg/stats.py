@@ -33,6 +33,7 @@ __all__ = [
     "paired_difference",
     "summary_table",
     "format_interval",
+    "format_bounds",
     "roc_auc",
 ]
 
@@ -137,6 +138,14 @@ def format_interval(mean, hw, digits: int = 3, signed: bool = False) -> str:
     """``"mean ± half-width"`` with ``digits`` decimals."""
     sign = "+" if signed else ""
     return f"{mean:{sign}.{digits}f} ± {hw:.{digits}f}"
+
+
+def format_bounds(mean, low, high, digits: int = 3) -> str:
+    """``"+mean [+low, +high]"``, signed, with ``digits`` decimals; ``"+mean (no interval)"``
+    when a bound is NaN (a t-interval over a single seed has none)."""
+    if np.isnan(low) or np.isnan(high):
+        return f"{mean:+.{digits}f} (no interval)"
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def summary_table(
