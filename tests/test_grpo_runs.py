@@ -480,3 +480,31 @@ def test_readme_states_the_recorded_verdict(scaling):
     assert f"{u['removal']:.3f} against {u['wta']:.3f}" in readme
     seeds = table.drop(index="over seeds", level="row")
     assert (seeds["low"] <= 0).all()
+
+
+def test_recorded_budget_arms_join_the_grid():
+    """Chapter 9's recorded LLM arms: each run is chapter 8's grid configuration with the budget
+    keys only, at the grid's commit, and spends its budget: the allocation's expected share of
+    exact evaluations is the budget in every update (Eq. 22 meets its expected-cost constraint)
+    and the realised share lies within the binomial 99.9 % interval around it."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "data" / "results"
+    arms = [r for r in read_comparison(root / "ch09" / "llm") if r.eval is not None]
+    if not arms:
+        pytest.skip("no chapter 9 LLM arm recorded")
+    grid = {(r.arm, r.config["seed"]): r for r in read_comparison(root / "ch08" / "grid")
+            if r.eval is not None}
+    plain = grid["removal-group", 0]
+    for r in arms:
+        assert r.signal == "removal" and r.provenance["commit"] == plain.provenance["commit"]
+        assert not r.provenance["dirty"]
+        budget = r.config["exact_budget"]
+        assert 0 < budget < 1 and r.config["allocation"] == "sqrt"
+        same = {k: v for k, v in r.config.items() if k not in ("exact_budget", "seed")}
+        assert same == {k: v for k, v in plain.config.items() if k not in ("exact_budget", "seed")}
+        assert np.allclose(r.metrics["exact_share_expected"], budget, atol=1e-9)
+        n = len(r.metrics) * r.slates_per_update
+        share = r.metrics["exact_evaluations"].sum() / n
+        assert abs(share - budget) < 3.29 * np.sqrt(budget * (1 - budget) / n)
+        ps = np.concatenate([s["exact_p"] for s in r.slates])
+        assert ps.size == n and ps.min() > 0 and ps.max() <= 1
