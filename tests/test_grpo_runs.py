@@ -145,6 +145,18 @@ def test_read_comparison(tmp_path):
     assert len(learning_curve(runs)) == 16
 
 
+def test_two_arms_of_one_signal_and_seed_keep_apart(tmp_path):
+    for arm in ("removal-group", "removal-b0.1-group"):
+        _write_run(tmp_path / arm / "seed0", eval_={"correct": [1, 0], "base_correct": [0, 0],
+                                                  "base_accuracy": 0.0, "n": 2})
+    runs = read_comparison(tmp_path)
+    assert {r.signal for r in runs} == {"removal"}
+    assert sorted(r.label for r in runs) == ["removal-b0.1-group seed0", "removal-group seed0"]
+    h = health(runs)
+    assert h.groupby("run").size().tolist() == [len(h) // 2] * 2  # each run's rows under its own name
+    assert len(eval_table(runs, frozen=False)) == 2
+
+
 def test_signals_over_seeds(tmp_path):
     rng = np.random.default_rng(3)
     base = rng.binomial(1, 0.2, 40).tolist()

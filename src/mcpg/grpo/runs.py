@@ -103,11 +103,16 @@ class Run:
 
     @property
     def label(self) -> str:
-        """A run's name in tables, ``signal``, or ``signal seed<k>`` for a run of a comparison
-        (a directory named ``seed<k>``) or with a seed other than 0."""
+        """A run's name in tables, ``signal``, or ``<arm> seed<k>`` for a run of a comparison
+        (a directory named ``seed<k>``) or with a seed other than 0.
+
+        The arm (:attr:`arm`) is the signal in a comparison laid out by signal; in a grid it
+        is the folder's name, so two arms of one signal and seed (``removal-group seed0`` and
+        ``removal-b0.1-group seed0``) keep apart in :func:`health` and :func:`eval_table`.
+        """
         seed = self.config.get("seed", 0)
         in_comparison = self.path.name.startswith("seed")
-        return f"{self.signal} seed{seed}" if seed or in_comparison else self.signal
+        return f"{self.arm} seed{seed}" if seed or in_comparison else self.signal
 
     @property
     def arm(self) -> str:
