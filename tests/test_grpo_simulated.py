@@ -594,6 +594,7 @@ def test_advantage_moments_and_alignment_match_monte_carlo(signal, scale):
         assert (np.abs(draws.mean(0) - exact) < 5 * draws.std(0) / np.sqrt(n) + 1e-9).all()
     assert (second >= first**2 - 1e-12).all()  # a variance is not negative
     al = advantage_alignment(signal, p, P, mu, R, scale)
+    assert advantage_alignment(signal, p, P, mu, R, scale, moments=(first, second)) == al
     Rb = np.broadcast_to(R, A.shape)
     assert al["corr"] == pytest.approx(np.corrcoef(A.ravel(), Rb.ravel())[0, 1], abs=0.01)
     assert al["rms"] == pytest.approx(np.sqrt((A**2).mean()), rel=0.01)

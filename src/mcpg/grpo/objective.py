@@ -483,7 +483,7 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
 
 
 def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                        eps: float = ADVANTAGE_EPS) -> dict:
+                        eps: float = ADVANTAGE_EPS, moments: tuple | None = None) -> dict:
     """How much of the GRPO advantage a signal hands a completion is about that completion.
 
     Over every completion of the groups given (uniform weight) and the router's draws
@@ -502,9 +502,11 @@ def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
       the rest is the noise the draw adds.
 
     Arguments as :func:`~mcpg.grpo.objective.advantage_moments`. NaN where ``R`` or ``A``
-    does not vary.
+    does not vary. ``moments``: that function's ``(first, second)`` for the same arguments,
+    when the caller has them already (the enumeration over draws is the whole cost).
     """
-    first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
+    first, second = (advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
+                     if moments is None else moments)
     R = np.asarray(rewards_all, dtype=float)
     var_a = second.mean() - first.mean() ** 2
     cov = (first * R).mean() - first.mean() * R.mean()

@@ -9,7 +9,14 @@ import numpy as np
 import torch
 
 from ... import routing, stats
-from ..objective import ADVANTAGE_EPS, advantage_alignment, credit, expected_advantages, group_advantages
+from ..objective import (
+    ADVANTAGE_EPS,
+    advantage_alignment,
+    advantage_moments,
+    credit,
+    expected_advantages,
+    group_advantages,
+)
 from .pool import (
     SimConfig,
     _one_thread,
@@ -167,7 +174,10 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
     p = np.asarray(p, dtype=float)
     mu = np.asarray(mu_hat, dtype=float)
     R = np.asarray(rewards_all, dtype=float)
-    ea = {sc: expected_advantages("removal", p, P, mu, R, sc, eps=eps) for sc in ("group", "none")}
+    # each signal and scaling's draws are enumerated once, for E[A] and the alignment both
+    moments = {(s, sc): advantage_moments(s, p, P, mu, R, sc, eps)
+               for s in ("wta", "removal", "oracle") for sc in ("group", "none")}
+    ea = {sc: moments["removal", sc][0] for sc in ("group", "none")}
     none_right = R.max(axis=(-2, -1)) == 0
     sel = np.broadcast_to(none_right[..., None, None], R.shape)
     x = ea["group"][sel]
@@ -182,8 +192,8 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
         "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
         "abs_ea_none_no_right": float(np.abs(ea["none"][sel]).mean()) if x.size else np.nan,
         "corr_p": corr(p), "corr_mu": corr(mu),
-        **{f"align_{s}_{sc}": advantage_alignment(s, p, P, mu, R, sc, eps=eps)["corr"]
-           for s in ("wta", "removal", "oracle") for sc in ("group", "none")},
+        **{f"align_{s}_{sc}": advantage_alignment(s, p, P, mu, R, sc, eps=eps, moments=mo)["corr"]
+           for (s, sc), mo in moments.items()},
     }
 
 
