@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mcpg import routing
+from mcpg import allocation, routing
 from mcpg.grpo.objective import credit
 from mcpg.grpo.runs import (
     NoPairedSeeds,
@@ -204,6 +204,7 @@ def test_slate_credit_corollary3(tmp_path):
     run = read_run(_write_run(tmp_path / "r", slates=_slates(rng)))
     s = slate_credit(run)
     assert len(s) == 3 * 8 * 3 and s["prompt"].max() == 1  # 2 prompts x m = 4 slates per update
+    assert s[["exact_p", "exact_z"]].isna().all().all()  # a run without a budget logs neither
     # the logged credit is the run's signal's; the exact expectation over I ~ p of Eq. 19 is the oracle
     np.testing.assert_allclose(s["logged"], s["removal"], atol=1e-12)
     np.testing.assert_allclose(s["removal_expected"], s["oracle"], atol=1e-12)
@@ -520,3 +521,9 @@ def test_recorded_budget_arms_join_the_grid():
         assert abs(share - budget) < 3.29 * np.sqrt(budget * (1 - budget) / n)
         ps = np.concatenate([s["exact_p"] for s in r.slates])
         assert ps.size == n and ps.min() > 0 and ps.max() <= 1
+        # the credit each run trained on is Eq. (21) of Eq. (19) and the exact contribution,
+        # both recomputed from the logged slate, with the logged p and Z
+        sc = slate_credit(r)
+        np.testing.assert_allclose(sc["logged"], allocation.corrected_contribution(
+            sc["removal"], sc["oracle"], sc["exact_z"], sc["exact_p"]), atol=1e-9)
+        assert set(sc["exact_z"]) == {0.0, 1.0}

@@ -373,6 +373,10 @@ def slate_credit(run: Run) -> pd.DataFrame:
 
     Corollary 3: ``removal_expected == oracle`` for any fixed ``mu_hat``. ``logged`` is the
     credit the run trained on (its signal's), which must equal that signal's recomputed credit.
+
+    A run with ``exact_budget`` also logs each slate's evaluation probability and draw (paper
+    §7): ``exact_p`` and ``exact_z`` (NaN for a run without them). Its ``logged`` credit is then
+    Eq. (21), ``removal + exact_z / exact_p * (oracle - removal)``.
     """
     if not run.slates:
         raise ValueError(f"{run.path} holds no slates.jsonl")
@@ -392,7 +396,9 @@ def slate_credit(run: Run) -> pd.DataFrame:
             "agent": np.tile(run.agents, n), "R": R.ravel(), "p": p.ravel(), "mu_hat": mu.ravel(),
             "deployed": (sel[:, None] == np.arange(K)).ravel(), "G": np.repeat(G, K),
             "removal": removal.ravel(), "removal_expected": expected.ravel(), "oracle": oracle.ravel(),
-            "logged": np.asarray(row["score"], float).ravel()}))
+            "logged": np.asarray(row["score"], float).ravel(),
+            **{key: np.repeat(np.asarray(row[key], float), K) if key in row else np.nan
+               for key in ("exact_p", "exact_z")}}))
     return pd.concat(frames, ignore_index=True)
 
 
