@@ -13,6 +13,8 @@ from mcpg.grpo.runs import (
     advantage_alignment,
     advantage_bias,
     advantage_by_outcome,
+    advantage_distance,
+    allocation_risks,
     compare_runs,
     compare_signals,
     eval_gains,
@@ -527,3 +529,45 @@ def test_recorded_budget_arms_join_the_grid():
         np.testing.assert_allclose(sc["logged"], allocation.corrected_contribution(
             sc["removal"], sc["oracle"], sc["exact_z"], sc["exact_p"]), atol=1e-9)
         assert set(sc["exact_z"]) == {0.0, 1.0}
+
+
+def _budgeted_slates(rng, p_of, n_updates=3):
+    """Removal slates with exact evaluations drawn at probabilities p_of(n): the logged credit
+    is Eq. (21) of Eq. (19) and the exact contribution, as the engine logs it."""
+    out = _slates(rng, n_updates=n_updates)
+    for row in out:
+        n = len(row["I"])
+        p = p_of(n)
+        z = (rng.random(n) < p).astype(float)
+        args = [np.asarray(row[k]) for k in ("I", "G", "p", "P", "mu_hat")]
+        eq19 = credit("removal", *args)
+        exact = credit("oracle", *args, rewards_all=np.asarray(row["R"]))
+        row["score"] = allocation.corrected_contribution(eq19, exact, z[:, None], p[:, None]).tolist()
+        row["exact_p"], row["exact_z"] = p.tolist(), z.tolist()
+    return out
+
+
+def test_allocation_risks_and_advantage_distance(tmp_path):
+    rng = np.random.default_rng(5)
+    cfg = {"completions_per_agent": 4, "scale_rewards": "group", "exact_budget": 0.3}
+    uniform = read_run(_write_run(tmp_path / "u", slates=_budgeted_slates(rng, lambda n: np.full(n, 0.3)),
+                                  **cfg))
+    risks = allocation_risks(uniform)
+    assert list(risks.index) == [1, 2, 3] and (risks["Eq. (19) alone"] > 0).all()
+    # the logged allocation is the uniform one of its own expected cost; Theorem 3 bounds both
+    np.testing.assert_allclose(risks["risk allocated"], risks["risk uniform"], rtol=1e-12)
+    np.testing.assert_allclose(risks["risk allocated"], (1 / 0.3 - 1) * risks["Eq. (19) alone"], rtol=1e-12)
+    assert (risks["Theorem 3 bound"] <= risks["risk allocated"] * (1 + 1e-12)).all()
+    # every slate evaluated: Eq. (21) is the exact contribution, so nothing is left
+    full = read_run(_write_run(tmp_path / "f", slates=_budgeted_slates(rng, lambda n: np.ones(n)), **cfg))
+    r = allocation_risks(full)
+    assert (r["evaluated"] == 8).all() and np.allclose(r[["risk allocated", "realised"]], 0, atol=1e-12)
+    d = advantage_distance(full)
+    assert d["trained"] == pytest.approx(0, abs=1e-12) and d["trained_corr"] == pytest.approx(1)
+    assert d["eq19"] > 0.01 and 0 < d["signal_groups"] <= 1
+    # a run without a budget trained on Eq. (19): the two distances are one
+    plain = read_run(_write_run(tmp_path / "p", slates=_slates(rng), completions_per_agent=4))
+    d = advantage_distance(plain)
+    assert d["trained"] == d["eq19"] and d["trained_corr_signal"] == d["eq19_corr_signal"]
+    with pytest.raises(ValueError, match="exact_p"):
+        allocation_risks(plain)

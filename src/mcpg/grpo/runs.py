@@ -51,8 +51,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import allocation
 from ..stats import mean_ci
-from .objective import ADVANTAGE_EPS, credit, expected_advantages, group_advantages
+from .objective import ADVANTAGE_EPS, credit, credit_leverage, expected_advantages, group_advantages
 from .objective import advantage_alignment as objective_alignment
 from .objective import advantage_by_outcome as objective_by_outcome
 
@@ -60,7 +61,8 @@ __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_differenc
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
            "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment",
            "advantage_by_outcome", "recording_summary", "slate_groups", "health_table",
-           "compare_signals", "feedback_table", "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
+           "compare_signals", "feedback_table", "allocation_risks", "advantage_distance",
+           "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
 EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -400,6 +402,91 @@ def slate_credit(run: Run) -> pd.DataFrame:
             **{key: np.repeat(np.asarray(row[key], float), K) if key in row else np.nan
                for key in ("exact_p", "exact_z")}}))
     return pd.concat(frames, ignore_index=True)
+
+
+def allocation_risks(run: Run) -> pd.DataFrame:
+    """Theorem 2's gradient risk of the exact evaluations a budgeted run drew, rollout by rollout.
+
+    For each logged rollout of a run with ``exact_budget`` (its slates carry ``exact_p`` and
+    ``exact_z``), from :func:`slate_credit`: η² is the squared error of Eq. (19) against the
+    exact removal contribution, σ² = 0 (an exact evaluation is the contribution itself) and
+    a the leverage of :func:`~mcpg.grpo.objective.credit_leverage` on Eq. (19)'s scores over
+    each agent's group of m slates, with the run's ``scale_rewards`` (what the engine's
+    allocation weighs). One evaluation serves a slate's K agents
+    (:func:`mcpg.allocation.slate_entries`) and costs K − 1 reward queries. Columns, one row per
+    update:
+
+    - ``evaluated``: slates evaluated exactly (Z = 1);
+    - ``Eq. (19) alone``: Σ a² η², the error of the uncorrected estimate;
+    - ``risk allocated``: :func:`mcpg.allocation.allocation_risk` of the logged p, the expected
+      error of Eq. (21)'s credit over the draws Z (Theorem 2);
+    - ``realised``: Σ a² (Δ̃ − Y)² of the credit the run trained on (one draw of Z);
+    - ``risk uniform``: the uniform allocation of the same expected cost Σ p (K − 1);
+    - ``Theorem 3 bound``: the least risk of any allocation of that cost
+      (:func:`mcpg.allocation.risk_lower_bound`).
+    """
+    sc = slate_credit(run)
+    if sc["exact_p"].isna().any():
+        raise ValueError(f"{run.path}: its slates log no exact_p (a run without exact_budget)")
+    K, m = len(run.agents), int(run.config["completions_per_agent"])
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    rows = []
+    for update, g in sc.groupby("update", sort=True):
+        removal = g["removal"].to_numpy().reshape(-1, m, K)
+        a = credit_leverage(removal, run.config.get("scale_rewards", "group"), eps, axis=-2).reshape(-1, K)
+        eta2 = ((g["removal"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)
+        one, s2, e2 = allocation.slate_entries(a, np.zeros_like(eta2), eta2)
+        p = g["exact_p"].to_numpy()[::K]
+        cost = np.full(p.size, K - 1.0)
+        spent = float(p @ cost)
+        uniform = allocation.uniform_allocation(cost, spent)
+        rows.append({
+            "update": update, "evaluated": int(g["exact_z"].to_numpy()[::K].sum()),
+            "Eq. (19) alone": float(e2.sum()),
+            "risk allocated": allocation.allocation_risk(p, one, s2, e2),
+            "realised": float((a**2 * ((g["logged"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)).sum()),
+            "risk uniform": allocation.allocation_risk(uniform, one, s2, e2),
+            "Theorem 3 bound": allocation.risk_lower_bound(one, s2, e2, cost, spent),
+        })
+    return pd.DataFrame(rows).set_index("update")
+
+
+def advantage_distance(run: Run) -> dict:
+    """How far the GRPO advantages a run trained on lay from the exact signal's, on its own completions.
+
+    From :func:`slate_credit`, three credits of every logged completion become advantages
+    (:func:`~mcpg.grpo.objective.group_advantages` with the run's ``scale_rewards`` and
+    ``advantage_eps``, standardised when a recording predates the key, as the engine's default
+    is; an agent's m slates of one prompt are a group): the credit the run
+    trained on (``logged``; Eq. (21) for a budgeted run), Eq. (19) (``removal``) and the exact
+    removal contribution (``oracle``). Unlike :func:`allocation_risks`' first-order leverage,
+    this is exact, and bounded where a group's scores barely differ.
+
+    Returns ``trained`` and ``eq19``: the mean squared distance of those advantages from the
+    oracle's; ``trained_corr`` and ``eq19_corr``: their correlation with the oracle's; the same
+    four with suffix ``_signal`` over the groups with a right candidate (elsewhere the oracle's
+    advantages are 0); and ``signal_groups``, those groups' share.
+    """
+    sc = slate_credit(run)
+    K, m = len(run.agents), int(run.config["completions_per_agent"])
+    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+
+    def adv(col: str) -> np.ndarray:
+        x = sc[col].to_numpy().reshape(len(run.slates), -1, m, K)
+        return np.asarray(group_advantages(x, run.config.get("scale_rewards", "group"), eps)).ravel()
+
+    exact, trained, eq19 = adv("oracle"), adv("logged"), adv("removal")
+    signal = (sc.groupby(["update", "prompt"])["R"].transform("max") > 0).to_numpy()
+
+    def corr(x, y):
+        return float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else float("nan")
+
+    out = {"signal_groups": float(signal.mean())}
+    for name, a in (("trained", trained), ("eq19", eq19)):
+        for suffix, sel in (("", slice(None)), ("_signal", signal)):
+            out[name + suffix] = float(((a - exact)[sel] ** 2).mean())
+            out[f"{name}_corr{suffix}"] = corr(a[sel], exact[sel])
+    return out
 
 
 def group_signal(run: Run) -> pd.DataFrame:
