@@ -472,7 +472,7 @@ def advantage_distance(run: Run) -> dict:
     eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
 
     def adv(col: str) -> np.ndarray:
-        x = sc[col].to_numpy().reshape(len(run.slates), -1, m, K)
+        x = sc[col].to_numpy(dtype=float, copy=True).reshape(len(run.slates), -1, m, K)
         return np.asarray(group_advantages(x, run.config.get("scale_rewards", "group"), eps)).ravel()
 
     exact, trained, eq19 = adv("oracle"), adv("logged"), adv("removal")
