@@ -13,6 +13,7 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
+                                                          # and the grid's oracle on seeds 1, 2
 
 The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
 ``ch08-grid-control.json``); a grid job may override keys (its advantage scaling).
@@ -82,6 +83,11 @@ JOBS = {
         ("removal", k, f"ch09/llm/removal-b{b}-{sc}/seed{k}",
          {"scale_rewards": sc, "exact_budget": b, "allocation": "sqrt"}, "grid")
         for sc in ("group", "none") for k in range(3) for b in (0.1, 0.3)
+    ] + [
+        # the grid's standardised oracle on the budgets' other seeds (--only
+        # ch08/grid/oracle-group/seed1 ...), so that the budgets meet the oracle seed by seed
+        ("oracle", k, f"ch08/grid/oracle-group/seed{k}", {"scale_rewards": "group"}, "grid")
+        for k in (1, 2)
     ],
 }
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm")}
