@@ -558,6 +558,11 @@ def test_allocation_risks_and_advantage_distance(tmp_path):
     np.testing.assert_allclose(risks["risk allocated"], risks["risk uniform"], rtol=1e-12)
     np.testing.assert_allclose(risks["risk allocated"], (1 / 0.3 - 1) * risks["Eq. (19) alone"], rtol=1e-12)
     assert (risks["Theorem 3 bound"] <= risks["risk allocated"] * (1 + 1e-12)).all()
+    # the flat groups' part of Eq. (19)'s error: none below a spread of 0, all of it below inf
+    assert (allocation_risks(uniform, flat=0.0)["Eq. (19), flat groups"] == 0).all()
+    np.testing.assert_allclose(allocation_risks(uniform, flat=np.inf)["Eq. (19), flat groups"],
+                               risks["Eq. (19) alone"], rtol=1e-12)
+    assert (risks["Eq. (19), flat groups"] <= risks["Eq. (19) alone"]).all()
     # every slate evaluated: Eq. (21) is the exact contribution, so nothing is left
     full = read_run(_write_run(tmp_path / "f", slates=_budgeted_slates(rng, lambda n: np.ones(n)), **cfg))
     r = allocation_risks(full)

@@ -123,6 +123,18 @@ class Run:
         return self.path.parent.name if self.path.name.startswith("seed") else self.signal
 
     @property
+    def scale_rewards(self) -> str:
+        """The run's advantage scaling (``"group"`` for a recording that predates the key: the
+        engine's default)."""
+        return self.config.get("scale_rewards", "group")
+
+    @property
+    def advantage_eps(self) -> float:
+        """The ``eps`` of the run's standardised advantages (:data:`ADVANTAGE_EPS` for a
+        recording that predates the key)."""
+        return float(self.config.get("advantage_eps", ADVANTAGE_EPS))
+
+    @property
     def slates_per_update(self) -> int:
         """Slates per rollout (prompts per update times m)."""
         return int(self.config["prompts_per_update"] * self.config["completions_per_agent"])
@@ -404,7 +416,7 @@ def slate_credit(run: Run) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def allocation_risks(run: Run) -> pd.DataFrame:
+def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
     """Theorem 2's gradient risk of the exact evaluations a budgeted run drew, rollout by rollout.
 
     For each logged rollout of a run with ``exact_budget`` (its slates carry ``exact_p`` and
@@ -423,18 +435,22 @@ def allocation_risks(run: Run) -> pd.DataFrame:
     - ``realised``: Σ a² (Δ̃ − Y)² of the credit the run trained on (one draw of Z);
     - ``risk uniform``: the uniform allocation of the same expected cost Σ p (K − 1);
     - ``Theorem 3 bound``: the least risk of any allocation of that cost
-      (:func:`mcpg.allocation.risk_lower_bound`).
+      (:func:`mcpg.allocation.risk_lower_bound`);
+    - ``Eq. (19), flat groups``: the part of ``Eq. (19) alone`` on groups whose Eq. (19)
+      scores have a standard deviation below ``flat``, where the standardised leverage is
+      near its largest, 1/eps.
     """
     sc = slate_credit(run)
     if sc["exact_p"].isna().any():
         raise ValueError(f"{run.path}: its slates log no exact_p (a run without exact_budget)")
     K, m = len(run.agents), int(run.config["completions_per_agent"])
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    eps = run.advantage_eps
     rows = []
     for update, g in sc.groupby("update", sort=True):
         removal = g["removal"].to_numpy().reshape(-1, m, K)
-        a = credit_leverage(removal, run.config.get("scale_rewards", "group"), eps, axis=-2).reshape(-1, K)
+        a = credit_leverage(removal, run.scale_rewards, eps, axis=-2).reshape(-1, K)
         eta2 = ((g["removal"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)
+        is_flat = np.broadcast_to(removal.std(axis=1, ddof=1, keepdims=True) < flat, removal.shape)
         one, s2, e2 = allocation.slate_entries(a, np.zeros_like(eta2), eta2)
         p = g["exact_p"].to_numpy()[::K]
         cost = np.full(p.size, K - 1.0)
@@ -447,6 +463,7 @@ def allocation_risks(run: Run) -> pd.DataFrame:
             "realised": float((a**2 * ((g["logged"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)).sum()),
             "risk uniform": allocation.allocation_risk(uniform, one, s2, e2),
             "Theorem 3 bound": allocation.risk_lower_bound(one, s2, e2, cost, spent),
+            "Eq. (19), flat groups": float((a**2 * eta2)[is_flat.reshape(-1, K)].sum()),
         })
     return pd.DataFrame(rows).set_index("update")
 
@@ -469,11 +486,11 @@ def advantage_distance(run: Run) -> dict:
     """
     sc = slate_credit(run)
     K, m = len(run.agents), int(run.config["completions_per_agent"])
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    eps = run.advantage_eps
 
     def adv(col: str) -> np.ndarray:
         x = sc[col].to_numpy(dtype=float, copy=True).reshape(len(run.slates), -1, m, K)
-        return np.asarray(group_advantages(x, run.config.get("scale_rewards", "group"), eps)).ravel()
+        return np.asarray(group_advantages(x, run.scale_rewards, eps)).ravel()
 
     exact, trained, eq19 = adv("oracle"), adv("logged"), adv("removal")
     signal = (sc.groupby(["update", "prompt"])["R"].transform("max") > 0).to_numpy()
@@ -508,8 +525,8 @@ def group_signal(run: Run) -> pd.DataFrame:
     if not run.slates:
         raise ValueError(f"{run.path} holds no slates.jsonl")
     m = int(run.config["completions_per_agent"])
-    scale = run.config.get("scale_rewards", "group")
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    scale = run.scale_rewards
+    eps = run.advantage_eps
     frames = []
     for row in run.slates:
         R, S = np.asarray(row["R"], float), np.asarray(row["score"], float)
@@ -559,7 +576,7 @@ def expected_advantage(run: Run) -> pd.DataFrame:
     is right), ``expected_credit``, ``expected_group`` (standardised, the run's
     ``advantage_eps``) and ``expected_none`` (centred).
     """
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    eps = run.advantage_eps
     frames = []
     for row, groups in _grouped_slates(run):
         p, P, mu, R = (x.reshape((-1,) + x.shape[2:]) for x in groups)
@@ -598,7 +615,7 @@ def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
     with the completion's own reward, over completions and the router's draws), ``rms`` and
     ``expected_share`` (the part of ``E[A^2]`` left after averaging over the draws).
     """
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    eps = run.advantage_eps
     groups = slate_groups(run)
     return pd.DataFrame([{"signal": s, "scaling": sc,
                           **objective_alignment(s, *groups, scale_rewards=sc, eps=eps)}
@@ -616,7 +633,7 @@ def advantage_by_outcome(run: Run, signals=("wta", "removal", "oracle"),
     slate also gets right is where winner-take-all's and the exact removal contribution's
     advantages part. The kinds' shares of the completions are in ``frame.attrs["share"]``.
     """
-    eps = float(run.config.get("advantage_eps", ADVANTAGE_EPS))
+    eps = run.advantage_eps
     groups = slate_groups(run)
     rows = {}
     for s in signals:
@@ -748,9 +765,9 @@ def compare_signals(runs: list[Run], a: str = "removal", b: str = "wta", measure
     no seed has both signals finished is left out.
     """
     frames = {}
-    scalings = sorted({r.config.get("scale_rewards", "group") for r in runs})
+    scalings = sorted({r.scale_rewards for r in runs})
     for sc in scalings:
-        sub = [r for r in runs if r.config.get("scale_rewards", "group") == sc]
+        sub = [r for r in runs if r.scale_rewards == sc]
         for measure in measures:
             try:
                 t = signals_over_seeds(sub, a, b, level, measure)
