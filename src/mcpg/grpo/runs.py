@@ -130,7 +130,7 @@ class Run:
 
     @property
     def advantage_eps(self) -> float:
-        """The ``eps`` of the run's standardised advantages (:data:`ADVANTAGE_EPS` for a
+        """The ``eps`` of the run's standardised advantages (``ADVANTAGE_EPS``, 1e-4, for a
         recording that predates the key)."""
         return float(self.config.get("advantage_eps", ADVANTAGE_EPS))
 
