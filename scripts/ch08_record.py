@@ -12,11 +12,13 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
+    python scripts/ch08_record.py grid-stop --parallel 2  # the grid with stop_at_answer: ch08/grid-stop
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
 
 The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
-``ch08-grid-control.json``); a grid job may override keys (its advantage scaling).
+``ch08-grid-control.json``, ``ch08-grid-stop-control.json``); a grid job may override keys (its
+advantage scaling).
 
 **One recording, one commit.** The grid's runs are compared with each other, so every one
 of them must run the same code: a job refuses to start when the commit differs from the one
@@ -75,6 +77,20 @@ JOBS = {
         *[("oracle", 0, f"ch08/grid/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid")
           for sc in ("group", "none")],
     ],
+    # the grid again with the answer line as a stop (config key stop_at_answer): the first grid's
+    # cut answers were mostly answers that had committed ("#### 35") and then repeated their
+    # marker line to the budget. Standardised wta and removal on seed 0 go first (the pair whose
+    # cut share decides whether the stop meets the health bar), then the controls and the rest
+    "grid-stop": [
+        *[(sig, 0, f"ch08/grid-stop/{sig}-group/seed0", {"scale_rewards": "group"}, "grid-stop")
+          for sig in ("wta", "removal")],
+        *[("wta", k, f"ch08/grid-stop/control/seed{k}", {}, "grid-stop-control") for k in range(3)],
+        *[(sig, k, f"ch08/grid-stop/{sig}-{sc}/seed{k}", {"scale_rewards": sc}, "grid-stop")
+          for k in range(3) for sc in ("group", "none") for sig in ("wta", "removal")
+          if (k, sc) != (0, "group")],
+        *[("oracle", 0, f"ch08/grid-stop/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid-stop")
+          for sc in ("group", "none")],
+    ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
     # on the grid's pool and commit. Chapter 9 records the standardised ones (--only
     # ch09/llm/removal-b0.1-group/seed0 ...): there the grid's oracle is far ahead of Eq. (19),
@@ -90,7 +106,8 @@ JOBS = {
         for k in (1, 2)
     ],
 }
-ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm")}
+ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
+              "grid-stop": ("ch08/grid-stop",)}
 """Recordings whose runs are compared with each other: each must run at one commit."""
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mcpg.grpo import __main__ as cli
+from mcpg.grpo.configs import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--config", "tiny-random", "--signal", "wta"]
@@ -138,6 +139,31 @@ def test_recorder_commands_parse(tmp_path, capsys, no_training):
     with pytest.raises(SystemExit):
         rec.main(["grid", "--code", str(tmp_path), "--runs", str(tmp_path / "runs")])
     assert "not a checkout" in capsys.readouterr().err
+
+
+def test_recorder_jobs_name_configs_that_resolve():
+    # every job of scripts/ch08_record.py reads data/configs/ch08-<config>.json; the stopped grid
+    # is the grid with one key more, and lays out the grid's arms, seeds and controls
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
+    rec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec)
+    configs = ROOT / "data" / "configs"
+    for what, jobs in rec.JOBS.items():
+        for job in jobs:
+            signal, seed, rel, overrides, config = rec._job(job, what)
+            spec = json.loads((configs / f"ch08-{config}.json").read_text())
+            resolve_config({**spec, **overrides, "seed": seed})
+    for name in ("grid", "grid-control"):
+        old = json.loads((configs / f"ch08-{name}.json").read_text())
+        new = json.loads((configs / f"ch08-{name.replace('grid', 'grid-stop')}.json").read_text())
+        assert {k: v for k, v in new.items() if k not in ("name", "stop_at_answer")} == {
+            k: v for k, v in old.items() if k != "name"}
+        assert new["stop_at_answer"] is True
+    grid = sorted(rec._job(j, "grid")[2].replace("grid/", "") for j in rec.JOBS["grid"])
+    stop = sorted(rec._job(j, "grid-stop")[2].replace("grid-stop/", "") for j in rec.JOBS["grid-stop"])
+    assert stop == grid and len(stop) == 3 + 12 + 2
 
 
 def test_argument_errors_exit_2(capsys):

@@ -410,3 +410,67 @@ def test_config_is_a_frozen_checked_dataclass_that_reads_like_a_dict():
         cfg.replace(bogus=1)
     assert resolve_config(json.loads(json.dumps(cfg.to_dict()))) == cfg  # config.json round trip
     assert all(GRPOConfig.__dataclass_fields__[f.name] for f in fields(GRPOConfig))
+
+
+class _Script:
+    """A logits processor that forces row r to write ``scripts[r]`` (token ids), then EOS; a row
+    with script None samples freely."""
+
+    def __init__(self, scripts, start, eos):
+        self.scripts, self.start, self.eos = scripts, start, eos
+
+    def __call__(self, input_ids, scores):
+        t = input_ids.shape[1] - self.start
+        for r, ids in enumerate(self.scripts):
+            if ids is not None:
+                nxt = ids[t] if t < len(ids) else self.eos
+                scores[r] = -float("inf")
+                scores[r, nxt] = 0.0
+        return scores
+
+
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_stop_at_answer_ends_a_row_at_its_first_answer_line(pool, pad_is_eos):
+    tok = pool.tokenizer
+    if pad_is_eos:  # SmolLM2's tokenizer pads with its EOS token
+        tok.pad_token = tok.eos_token
+    q = "What is 2+3?"
+    a = pool.agents[0]
+    said = ["x=5\n#### 5\n#### 5", "#### 5", None]
+    scripts = [tok(s, add_special_tokens=False).input_ids if s else None for s in said]
+    prompts = [pool.prompt(q, a)] * 3
+    generate = pool.model.generate
+
+    def scripted(**kw):
+        kw["logits_processor"].append(_Script(scripts, kw["input_ids"].shape[1], tok.eos_token_id))
+        return generate(**kw)
+
+    pool.model.generate = scripted
+    try:
+        for stop in (True, False):
+            r = pool.generate(prompts, [a.name] * 3, [1.0] * 3, max_new_tokens=24, greedy=True,
+                              stop_at_answer=stop, keep_logprobs=True)
+            mask = r.completion_mask.bool()
+            if stop:  # the first row ends at its first answer line's newline: no EOS, not cut
+                line = tok("x=5\n#### 5\n", add_special_tokens=False).input_ids
+                assert r.texts[0] == "x=5\n#### 5\n" and int(mask[0].sum()) == len(line)
+                assert r.completion_ids[0, : len(line)].tolist() == line
+                assert (r.completion_ids[0, len(line):] == tok.pad_token_id).all()
+            else:  # without the stop it writes on until the script's EOS
+                assert r.texts[0] == said[0] and int(mask[0].sum()) == len(scripts[0]) + 1
+            assert not r.truncated[0]
+            # a row that ends with EOS before any answer line is untouched by the stop
+            assert r.texts[1] == "#### 5" and int(mask[1].sum()) == len(scripts[1]) + 1
+            assert not r.truncated[1]
+            # a row that runs to the budget is cut either way
+            assert bool(mask[2].all()) and r.truncated[2]
+            assert torch.isfinite(r.sampler_logprobs[mask]).all()
+    finally:
+        pool.model.generate = generate
+
+
+def test_stop_at_answer_is_a_checked_config_key():
+    assert DEFAULTS["stop_at_answer"] is False
+    assert resolve_config("cpu-smoke", stop_at_answer=True)["stop_at_answer"] is True
+    with pytest.raises(ValueError, match="stop_at_answer"):
+        resolve_config("cpu-smoke", stop_at_answer="yes")

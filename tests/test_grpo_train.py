@@ -329,6 +329,24 @@ def test_evaluation_generates_in_bounded_batches(monkeypatch):
     assert seen and all(bs == 3 for _, bs in seen)
 
 
+@pytest.mark.parametrize("stop", [False, True])
+def test_stop_at_answer_reaches_rollouts_and_evaluation(monkeypatch, stop):
+    cfg = resolve_config({"base": "tiny-random", "stop_at_answer": stop, "updates": 1})
+    eng = Engine(cfg, "removal")
+    seen = []
+    real = eng.pool.generate
+
+    def spy(prompts, *a, **kw):
+        seen.append((kw.get("greedy", False), kw["stop_at_answer"]))
+        return real(prompts, *a, **kw)
+
+    monkeypatch.setattr(eng.pool, "generate", spy)
+    eng.update()
+    eng.evaluate()
+    assert {g for g, _ in seen} == {False, True}  # a rollout and an evaluation
+    assert all(s is stop for _, s in seen)
+
+
 @pytest.mark.parametrize("scale", ["group", "none"])
 def test_advantages_scale_rewards(scale):
     from mcpg.grpo.objective import group_advantages

@@ -10,6 +10,7 @@ import pytest
 
 from mcpg import stats
 from mcpg.grpo.gsm8k import (
+    ANSWER_LINE,
     SPECIALTY_KEYWORDS,
     committed_answer,
     extract_answer,
@@ -182,3 +183,22 @@ def test_import_is_light():
             "print('transformers' in sys.modules, 'peft' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("4 + 3 = 7 dollars.\n#### 7\n#### 7\n####", "#### 7\n"),
+        ("#### $1,234.50 dollars\nand more", "#### $1,234.50 dollars\n"),
+        ("####\n-3\n", "####\n-3\n"),
+        ("#### 7", None),  # the line is not finished: the number may go on
+        ("#### \nseven\n", None),  # no number
+        ("The answer is 7.\n", None),  # no marker
+    ],
+)
+def test_answer_line_is_the_first_finished_marker_line(text, line):
+    m = ANSWER_LINE.search(text)
+    assert (m.group(0) if m else None) == line
+    if line is not None:  # what a completion stopped there commits to is the line's number
+        stopped = text[: m.end()]
+        assert committed_answer(stopped) == extract_answer(line, mode="strict")

@@ -118,6 +118,26 @@ class _SamplerLogprobs:
         return torch.cat(self.picked, 1)
 
 
+class _AnswerLine:
+    """A stopping criterion: a row stops once its completion holds a finished answer line
+    (:data:`mcpg.grpo.gsm8k.ANSWER_LINE`). ``length[r]`` records how many tokens row r had
+    sampled when it stopped (0: it did not stop here; a row that ended with EOS is left alone)."""
+
+    def __init__(self, tokenizer, start: int, rows: int):
+        from .gsm8k import ANSWER_LINE
+
+        self.tokenizer, self.start, self.pattern = tokenizer, start, ANSWER_LINE
+        self.length = torch.zeros(rows, dtype=torch.long)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        completion = input_ids[:, self.start:].cpu()
+        ended = (completion == self.tokenizer.eos_token_id).any(dim=1)
+        for r in ((self.length == 0) & ~ended).nonzero().flatten().tolist():
+            if self.pattern.search(self.tokenizer.decode(completion[r], skip_special_tokens=True)):
+                self.length[r] = completion.shape[1]
+        return (self.length > 0).to(input_ids.device)
+
+
 class _StepProgress:
     """A logits processor that only advances a progress bar by one per decoding step."""
 
@@ -141,7 +161,9 @@ class Rollout:
 
     ``prompt_ids``/``prompt_mask`` are left-padded, ``completion_ids``/``completion_mask``
     right-padded; the mask covers the completion up to and including its first EOS token
-    (TRL's convention). ``adapters[r]`` and ``temperatures[r]`` say who generated row r.
+    (TRL's convention), or its answer line (``generate(..., stop_at_answer=True)``).
+    ``truncated[r]``: row r was cut at the token budget (neither EOS nor the answer line).
+    ``adapters[r]`` and ``temperatures[r]`` say who generated row r.
     ``sampler_logprobs`` (only with ``generate(..., keep_logprobs=True)``) holds the
     generator's log-probability of each completion token (meaningful where the mask is 1).
     """
@@ -260,7 +282,8 @@ class AgentPool:
     @torch.no_grad()
     def generate(self, prompts: list[str], adapters: list[str], temperatures, max_new_tokens: int,
                  greedy: bool = False, batch_size: int | None = None, progress=None,
-                 min_new_tokens: int = 0, keep_logprobs: bool = False) -> Rollout:
+                 min_new_tokens: int = 0, keep_logprobs: bool = False,
+                 stop_at_answer: bool = False) -> Rollout:
         """Generate one completion per row, all rows' adapters mixed in each batch.
 
         ``progress`` is an optional tqdm bar advanced by one per decoding step, with
@@ -268,6 +291,9 @@ class AgentPool:
         ``min_new_tokens`` forbids EOS before that many tokens (benchmarks use it to fix
         the amount of work). ``keep_logprobs`` records the generator's own log-probability of
         every sampled token in ``Rollout.sampler_logprobs`` (a check of the scoring pass).
+        ``stop_at_answer`` ends a row at its first finished answer line (``#### <n>`` and a
+        newline, :data:`mcpg.grpo.gsm8k.ANSWER_LINE`): its mask ends at the newline's token, no
+        EOS follows it, and it is not ``truncated``.
         """
         n = len(prompts)
         if len(adapters) != n:
@@ -277,7 +303,8 @@ class AgentPool:
             raise ValueError("temperatures must hold one positive temperature per prompt")
         bs = n if not batch_size else int(batch_size)
         parts = [self._generate_batch(prompts[i:i + bs], adapters[i:i + bs], temps[i:i + bs],
-                                      max_new_tokens, greedy, progress, min_new_tokens, keep_logprobs)
+                                      max_new_tokens, greedy, progress, min_new_tokens, keep_logprobs,
+                                      stop_at_answer)
                  for i in range(0, n, bs)]
         return _concat(parts, self.tokenizer.pad_token_id)
 
@@ -288,8 +315,8 @@ class AgentPool:
         return contextlib.nullcontext(), {"adapter_names": list(adapters)}
 
     def _generate_batch(self, prompts, adapters, temps, max_new_tokens, greedy, progress, min_new_tokens=0,
-                        keep_logprobs=False) -> Rollout:
-        from transformers import LogitsProcessorList
+                        keep_logprobs=False, stop_at_answer=False) -> Rollout:
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         tok, dev = self.tokenizer, self.device
         kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": tok.pad_token_id,
@@ -324,6 +351,9 @@ class AgentPool:
             cache = out[name]
             cache.batch_select_indices(row_map)
             kwargs[name] = cache
+        stop = _AnswerLine(tok, input_ids.shape[1], len(prompts)) if stop_at_answer else None
+        if stop is not None:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([stop])
         ctx, extra = self._mixed(adapters)
         with ctx:
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, **extra,
@@ -334,6 +364,9 @@ class AgentPool:
         has_eos = is_eos.any(dim=1)
         no_eos = torch.full_like(has_eos, completion.shape[1], dtype=torch.long)
         first = torch.where(has_eos, is_eos.int().argmax(dim=1), no_eos)
+        stopped = torch.zeros_like(has_eos) if stop is None else stop.length > 0
+        if stop is not None:  # a stopped row (no EOS before) ends at its answer line's newline
+            first = torch.where(stopped, stop.length - 1, first)
         pos = torch.arange(completion.shape[1]).unsqueeze(0)
         mask = (pos <= first.unsqueeze(1)).long()
         completion = torch.where(mask.bool(), completion, torch.full_like(completion, tok.pad_token_id))
@@ -341,7 +374,7 @@ class AgentPool:
         if progress is not None:  # generation may stop early (every row hit EOS): fill the bar
             progress.update(max_new_tokens - completion.shape[1])
         return Rollout(input_ids.cpu(), attention.cpu(), completion, mask, texts, list(adapters), temps.cpu(),
-                       ~has_eos, sampler_lp)
+                       ~has_eos & ~stopped, sampler_lp)
 
     # -- scoring -------------------------------------------------------------------------
     def _install_checkpointing(self) -> None:

@@ -149,6 +149,10 @@ class GRPOConfig(Mapping):
     """rows per generate call in evaluation (bounded memory on any split)."""
     instruction: str | None = None
     """appended to each agent's role; None — mcpg.grpo.agents.INSTRUCTION."""
+    stop_at_answer: bool = False
+    """end a completion at its first finished answer line (``#### <n>`` and a newline;
+    mcpg.grpo.gsm8k.ANSWER_LINE), in training and in evaluation; such a completion is not
+    truncated. False — only EOS or the token budget ends it."""
     eval_every: int = 0
     """evaluate every n updates during training (0 — only at the end)."""
     checkpoint_every: int = 1
@@ -267,6 +271,8 @@ def _check(cfg: GRPOConfig) -> None:
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
     _positive_int(cfg, "logprob_chunk", allow_zero=True)
+    if not isinstance(cfg["stop_at_answer"], bool):
+        raise ValueError(f"config key 'stop_at_answer' must be true or false, got {cfg['stop_at_answer']!r}")
     if not isinstance(cfg["gradient_checkpointing"], bool):
         raise ValueError("config key 'gradient_checkpointing' must be true or false, "
                          f"got {cfg['gradient_checkpointing']!r}")

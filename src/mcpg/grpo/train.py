@@ -73,7 +73,8 @@ key                             meaning
 ``router_loss``                 the router's IPW cross-entropy after its update
 ``router_slates``               slates in the router's replay (what it was fitted on)
 ``completion_tokens``           mean completion length (tokens)
-``truncated``                   share of completions cut at ``max_new_tokens``
+``truncated``                   share of completions cut at ``max_new_tokens`` (not ended by EOS
+                                nor, with ``stop_at_answer``, by a finished answer line)
 ``seconds``                     wall time of the rollout, the actor update and the whole update
 ``eval``                        an evaluation (keys below), every ``eval_every`` updates
 =============================== ==================================================================
@@ -320,6 +321,7 @@ class Engine:
                 cfg["max_new_tokens"],
                 batch_size=cfg["generation_batch_size"] or None,
                 progress=bar,
+                stop_at_answer=cfg["stop_at_answer"],
             )
         t_gen = time.perf_counter()
 
@@ -645,7 +647,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         disable=not (progress and dist.main),
     ) as bar:
         roll = engine.pool.generate(
-            prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True, batch_size=bs, progress=bar
+            prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True, batch_size=bs, progress=bar,
+            stop_at_answer=cfg["stop_at_answer"],
         )
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     per_problem = []
