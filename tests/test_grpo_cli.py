@@ -166,6 +166,28 @@ def test_recorder_jobs_name_configs_that_resolve():
     assert stop == grid and len(stop) == 3 + 12 + 2
 
 
+def test_cut_answers_are_sorted_by_kind():
+    # scripts/ch08_cut_answers.py: a cut answer that finished its "#### n" line committed; one
+    # whose marker line is unfinished, or that has no marker, did not finish a line
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cut", ROOT / "scripts" / "ch08_cut_answers.py")
+    cut = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cut)
+    assert cut.kind_of("3 + 4 = 7.\n#### 7\n#### 7\n###") == "finished answer line"
+    assert cut.kind_of("#### 1#####################") == "marker, line unfinished"
+    assert cut.kind_of("First, 3 + 4 = 7 and then") == "no marker"
+    rows = [{"agent": 0, "cut": True, "kind": "finished answer line"},
+            {"agent": 0, "cut": False, "kind": None},
+            {"agent": 1, "cut": True, "kind": "no marker"},
+            {"agent": 1, "cut": True, "kind": "no marker"}]
+    s = cut.summarise(rows, 2)
+    assert s["all"]["cut"] == 0.75 and s["all"]["cut, no marker"] == 0.5
+    assert [a["cut, finished answer line"] for a in s["per_agent"]] == [0.5, 0.0]
+    for part in [s["all"], *s["per_agent"]]:  # the kinds split the cut answers
+        assert part["cut"] == sum(part[f"cut, {k}"] for k in cut.KINDS)
+
+
 def test_argument_errors_exit_2(capsys):
     for argv in (["evaluate", "--run", "x", "--threads", "0"],
                  ["evaluate", "--run", "x", "--threads", "two"]):

@@ -40,6 +40,7 @@ __all__ = [
     "load_gsm8k",
     "gold_answer",
     "EXTRACT_MODES",
+    "ANSWER_LINE",
     "extract_answer",
     "committed_answer",
     "is_correct",
