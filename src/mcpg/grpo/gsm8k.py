@@ -60,9 +60,10 @@ _NUM = r"(?:(?<![\w)\]])[-\u2212])?\$?\s?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\
 _NUM_RE = re.compile(_NUM)
 _HASH_RE = re.compile(r"####\s*(" + _NUM + ")")
 ANSWER_LINE = re.compile(r"####\s*" + _NUM + r"[^\n]*\n")
-"""A finished answer line: ``#### <n>`` and the rest of its line, ended by a newline. The
-instruction asks for the calculation, then ``#### `` and the result: a completion that holds
-this line has committed its answer (config key ``stop_at_answer`` stops generation there)."""
+"""The pattern of a finished answer line (``#### <n>`` and the rest of its line, ended by a
+newline). The instruction asks for the calculation, then ``#### `` and the result, so a
+completion that holds this line has committed its answer; config key ``stop_at_answer`` stops
+generation there."""
 
 _BOXED_RE = re.compile(r"\\boxed\s*\{([^{}]*)\}")
 _MARKER_RE = re.compile(
