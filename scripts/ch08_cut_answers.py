@@ -15,8 +15,11 @@ with no marker at all.
 
 It writes ``samples.jsonl`` (agent, text, cut) and ``summary.json`` (the shares per agent and
 overall, the run, the command, the commit of the code imported, the machine and the date).
-``reproduces_agent_correct`` says whether every agent is right on exactly the problems the
-run's own ``eval.json`` says (``agent_correct``): whether these are the answers it was graded on.
+The answers are generated as the engine's evaluation generates them, with the run's own
+``stop_at_answer``. ``reproduces_agent_correct`` says whether every agent is right on exactly the
+problems the run's own ``eval.json`` says (``agent_correct``), and ``reproduces_truncated``
+whether the share cut is the one it recorded (``truncated``): whether these are the answers it
+was graded on.
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     questions = [p["question"] for p in engine.eval_set]
     prompts, adapters, temps, _ = engine._rows(questions, 1, with_base=False)
     t0 = time.time()
+    # exactly as the engine's evaluation generates them, with the run's own stop
     roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
-                                batch_size=cfg["eval_batch_size"])
+                                batch_size=cfg["eval_batch_size"], stop_at_answer=cfg["stop_at_answer"])
     rows = []
     for r, text in enumerate(roll.texts):
         cut = bool(roll.truncated[r])
@@ -96,15 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     code = Path(mcpg.__file__).resolve().parents[2]
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=code, capture_output=True, text=True)
     commit = git.stdout.strip()
+    shares = summarise(rows, engine.K)
     summary = {
         "what": "the held-out greedy answers of a finished run's agents, cut ones sorted by kind",
         "run": str(run),
         "run_eval_truncated": recorded.get("truncated"),
         # the answers are the run's own evaluation's: every agent right on the same problems
         "reproduces_agent_correct": correct == recorded.get("agent_correct"),
+        # and cut where they were: the share cut is the one eval.json recorded
+        "reproduces_truncated": recorded.get("truncated") is not None
+        and abs(shares["all"]["cut"] - recorded["truncated"]) < 1e-9,
+        "stop_at_answer": cfg["stop_at_answer"],
         "agent_names": [a["name"] for a in cfg["agents"]],
         "eval_max_new_tokens": cfg["eval_max_new_tokens"],
-        **summarise(rows, engine.K),
+        **shares,
         "command": "OMP_NUM_THREADS=1 python " + " ".join(["scripts/ch08_cut_answers.py", *sys.argv[1:]]),
         "code_commit": commit,  # the code imported (PYTHONPATH), not necessarily this script's
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: summary[k] for k in ("run", "all")}, indent=1))
     print("per agent cut:", [round(x["cut"], 3) for x in summary["per_agent"]],
-          "reproduces eval.json:", summary["reproduces_agent_correct"])
+          "reproduces eval.json:", summary["reproduces_agent_correct"] and summary["reproduces_truncated"])
     return 0
 
 

@@ -188,6 +188,58 @@ def test_cut_answers_are_sorted_by_kind():
         assert part["cut"] == sum(part[f"cut, {k}"] for k in cut.KINDS)
 
 
+@pytest.mark.parametrize("stop", [False, True])
+def test_cut_answers_generate_as_the_run_evaluated(tmp_path, monkeypatch, stop):
+    # the script regenerates a run's held-out answers with the run's own stop_at_answer, and
+    # says whether they are the ones its eval.json graded (right where, and cut as often)
+    import importlib.util
+    from types import SimpleNamespace
+
+    import mcpg.grpo.train as train
+
+    spec = importlib.util.spec_from_file_location("cut", ROOT / "scripts" / "ch08_cut_answers.py")
+    cut = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cut)
+    texts = ["2 + 3 = 5.\n#### 5\n", "#### 1####", "2 + 3 = 6.\n#### 6\n", "2 + 3 = 5 and"]
+    seen = {}
+
+    class Pool:
+        def load_adapters(self, path):
+            seen["adapters"] = path
+
+        def generate(self, prompts, adapters, temps, max_new_tokens, **kw):
+            seen.update(kw, max_new_tokens=max_new_tokens)
+            return SimpleNamespace(texts=texts, truncated=[False, True, False, True])
+
+    class FakeEngine:
+        def __init__(self, cfg, signal, load_train=True):
+            assert not load_train
+            self.K, self.pool = 2, Pool()
+            self.eval_set = [{"question": "q0", "gold": 5.0}, {"question": "q1", "gold": 6.0}]
+
+        def _rows(self, questions, m, with_base):
+            return [q for q in questions for _ in range(self.K)], [0, 1] * 2, [0.5, 0.7] * 2, None
+
+    monkeypatch.setattr(train, "Engine", FakeEngine)
+    cfg = resolve_config(str(ROOT / "data" / "configs" / "ch08-grid.json"), stop_at_answer=stop)
+    run = tmp_path / "run"
+    (run / "adapters").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"config": dict(cfg), "signal": "wta"}))
+    graded = {"agent_correct": [[1, 0], [1, 0]], "truncated": 0.5}
+    (run / "eval.json").write_text(json.dumps(graded))
+    assert cut.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert seen["stop_at_answer"] is stop and seen["greedy"] is True
+    assert seen["max_new_tokens"] == cfg["eval_max_new_tokens"]
+    assert s["stop_at_answer"] is stop and s["reproduces_agent_correct"] and s["reproduces_truncated"]
+    assert s["all"]["cut, marker, line unfinished"] == s["all"]["cut, no marker"] == 0.25
+    # answers graded otherwise, or cut as often as the run never was, are flagged
+    (run / "eval.json").write_text(json.dumps({"agent_correct": [[1, 0], [0, 0]], "truncated": 0.25}))
+    cut.main([str(run), "--out", str(tmp_path / "out")])
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert not s["reproduces_agent_correct"] and not s["reproduces_truncated"]
+
+
 def test_argument_errors_exit_2(capsys):
     for argv in (["evaluate", "--run", "x", "--threads", "0"],
                  ["evaluate", "--run", "x", "--threads", "two"]):
