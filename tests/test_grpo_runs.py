@@ -531,6 +531,29 @@ def test_recorded_budget_arms_join_the_grid():
         assert set(sc["exact_z"]) == {0.0, 1.0}
 
 
+def test_recorded_grid_stop_is_the_grid_with_the_stop():
+    """Chapter 8's second grid (``data/results/ch08/grid-stop``): every finished run is at one
+    commit, clean, and its config is the grid's run of the same arm and seed with
+    ``stop_at_answer`` switched on and nothing else changed that bears on training (the name,
+    and ``report_to``, a logging key added after the grid's commit, aside), at a commit other
+    than the grid's: its runs are compared with each other only."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "data" / "results" / "ch08"
+    stop = [r for r in read_comparison(root / "grid-stop") if r.eval is not None]
+    if not stop:
+        pytest.skip("no grid-stop run recorded")
+    grid = {(r.arm, r.config["seed"]): r for r in read_comparison(root / "grid")}
+    assert len({r.provenance["commit"] for r in stop}) == 1
+    assert {grid[k].provenance["commit"] for k in grid}.isdisjoint({stop[0].provenance["commit"]})
+    aside = ("name", "stop_at_answer", "report_to")
+    for r in stop:
+        assert not r.provenance["dirty"] and r.config["stop_at_answer"] is True
+        twin = grid[r.arm, r.config["seed"]]
+        assert "stop_at_answer" not in twin.config
+        assert ({k: v for k, v in r.config.items() if k not in aside}
+                == {k: v for k, v in twin.config.items() if k not in aside}), (r.arm, r.config["seed"])
+
+
 def _budgeted_slates(rng, p_of, n_updates=3):
     """Removal slates with exact evaluations drawn at probabilities p_of(n): the logged credit
     is Eq. (21) of Eq. (19) and the exact contribution, as the engine logs it."""

@@ -199,3 +199,27 @@ def test_rerun_slates_fails_a_wrong_slate_and_draws_bernoulli():
         R.rerun_slates(s, g, [True, True, True], rng, noise="gaussian")
     with pytest.raises(ValueError, match="broadcast"):
         R.rerun_slates(s, g, [True, False], rng)
+
+
+@given(st.integers(2, 5), st.floats(0.2, 3), st.floats(0, 1), st.floats(0.01, 4), st.integers(0, 2**31 - 1))
+def test_a_wrong_candidate_only_gets_in_the_way(K, tau, eps, lift, seed):
+    # Eq. (3) with its leave-one-out slates: deleting a candidate raises every other's propensity,
+    # so a wrong candidate's exact removal contribution is never positive, and the more the router
+    # believes it (a higher score, others fixed), the more the slate loses to it. Chapter 8 reads
+    # this on the LLM slates: among wrong answers, removal's credit falls with the outcome model.
+    rng = np.random.default_rng(seed)
+    s = rng.normal(size=K)
+    g = (rng.random(K) < 0.5).astype(float)
+    i = int(rng.integers(K))
+    g[i] = 0.0
+
+    def delta(scores):
+        p = R.router_propensities(scores, tau, eps)
+        return R.removal_contributions(g, p, R.leave_one_out_propensities(scores, tau, eps))[i]
+
+    assert delta(s) <= 1e-12
+    higher = s.copy()
+    higher[i] += lift
+    assert delta(higher) <= delta(s) + 1e-12
+    if g.any() and eps < 1:  # a right candidate to get in the way of, and a router that listens
+        assert delta(higher) < delta(s)
