@@ -27,6 +27,7 @@ from mcpg.grpo.runs import (
     learning_curve,
     paired_difference,
     per_problem,
+    probe_answers,
     read_comparison,
     read_run,
     recording_summary,
@@ -34,6 +35,7 @@ from mcpg.grpo.runs import (
     slate_credit,
     slate_groups,
     t_interval,
+    verdict_table,
 )
 
 AGENTS = [{"name": n, "role": "r", "temperature": 1.0, "specialty": n} for n in ("money", "time", "geometry")]
@@ -448,6 +450,60 @@ def test_compare_signals_by_scaling_and_measure(tmp_path):
     assert set(o.index.get_level_values("scaling")) == {"none"}
     with pytest.raises(NoPairedSeeds, match="any scaling"):
         compare_signals(runs, a="oracle", b="control")
+
+
+def test_verdict_table_counts_the_seeds_by_side(tmp_path):
+    rng = np.random.default_rng(7)
+    runs = [_grid_run(tmp_path, sig, seed, sc, rng)
+            for sc in ("group", "none") for seed in range(3) for sig in ("wta", "removal")]
+    full = compare_signals(runs)
+    v = verdict_table(runs)
+    measures = ("deployed", "uniform", "best_of_k")
+    assert list(v.index) == [(sc, m) for sc in ("group", "none") for m in measures]
+    for (sc, m), row in v.iterrows():
+        seeds = full.xs((sc, m)).drop("over seeds")
+        over = full.xs((sc, m, "over seeds"))
+        assert row["seeds"] == 3 == row["below 0"] + row["level"] + row["above 0"]
+        assert row["below 0"] == (seeds["high"] < 0).sum() and row["above 0"] == (seeds["low"] > 0).sum()
+        # the mean of the per-seed differences and their t-interval with 2 degrees of freedom
+        d = seeds["difference"].to_numpy()
+        half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+        assert row["difference"] == pytest.approx(d.mean()) == pytest.approx(over["difference"])
+        assert (row["low"], row["high"]) == pytest.approx((d.mean() - half, d.mean() + half))
+    # a pool whose removal agents are all wrong: every seed's interval lies below 0
+    for r in runs:
+        if r.signal == "removal":
+            r.eval["agent_correct"] = (np.zeros_like(r.eval["agent_correct"])).tolist()
+    u = verdict_table(runs, measures=("uniform",))
+    assert (u["below 0"] == 3).all() and (u["high"] < 0).all()
+    with pytest.raises(NoPairedSeeds):
+        verdict_table(runs, a="oracle")
+
+
+def test_probe_answers_join_the_runs_grades(tmp_path):
+    rng = np.random.default_rng(8)
+    run = _grid_run(tmp_path, "removal", 0, "none", rng, n=4)
+    run.eval["mu_hat"] = rng.uniform(size=(4, 3)).tolist()
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    rows = [{"problem": i, "agent": k, "cut": bool(i == k), "text": f"#### {i}"}
+            for i in range(4) for k in range(3)]
+    (probe / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (probe / "summary.json").write_text(json.dumps({"reproduces_agent_correct": True}))
+    a = probe_answers(probe, run)
+    assert len(a) == 12 and "right" not in probe_answers(probe).columns
+    for _, x in a.iterrows():
+        assert x["right"] == run.eval["agent_correct"][x["problem"]][x["agent"]]
+        assert x["mu_hat"] == run.eval["mu_hat"][x["problem"]][x["agent"]]
+    small = _grid_run(tmp_path / "small", "removal", 0, "none", rng, n=3)
+    small.eval["mu_hat"] = [[0.5] * 3] * 3
+    with pytest.raises(ValueError, match="do not fit"):
+        probe_answers(probe, small)
+    (probe / "summary.json").write_text(json.dumps({"reproduces_agent_correct": False}))
+    with pytest.raises(ValueError, match="reproduce"):
+        probe_answers(probe, run)
+    with pytest.raises(FileNotFoundError, match="summary.json"):
+        probe_answers(tmp_path, run)
 
 
 def test_feedback_table_counts_reward_queries(tmp_path):

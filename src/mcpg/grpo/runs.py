@@ -31,7 +31,10 @@ functions below turn runs into the frames chapter 8 draws and tests:
   its credit signal is compared with another's, and the held-out measures read apart from the
   router;
 - :func:`compare_signals`: :func:`signals_over_seeds` under each advantage scaling and on each
-  measure, as one table;
+  measure, as one table; :func:`verdict_table` sums it up per scaling and measure (the interval
+  over seeds, and on how many seeds the paired interval lies below 0, straddles it or lies above);
+- :func:`probe_answers`: a probe's regenerated held-out answers (``samples.jsonl`` of
+  ``scripts/ch08_cut_answers.py``) with the run's graded ``right`` and ``mu_hat`` beside each;
 - :func:`feedback_table`: per finished run, what its credit signal paid in reward queries
   beyond the deployed one (paper §7: exact evaluations on a budget), beside its held-out measures;
 - :func:`recording_summary`: per run, the counts behind chapter 8's diagnosis of a recording
@@ -61,7 +64,8 @@ __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_differenc
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
            "group_signal", "expected_advantage", "advantage_bias", "advantage_alignment",
            "advantage_by_outcome", "recording_summary", "slate_groups", "health_table",
-           "compare_signals", "feedback_table", "allocation_risks", "advantage_distance",
+           "compare_signals", "verdict_table", "probe_answers", "feedback_table", "allocation_risks",
+           "advantage_distance",
            "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
@@ -782,6 +786,66 @@ def compare_signals(runs: list[Run], a: str = "removal", b: str = "wta", measure
     codes = [[lv.index(v) for v in out.index.get_level_values(i)] for i, lv in enumerate(levels)]
     out.index = pd.MultiIndex(levels=levels, codes=codes, names=out.index.names)
     return out
+
+
+def verdict_table(runs: list[Run], a: str = "removal", b: str = "wta", measures=MEASURES,
+                  level: float = 0.95) -> pd.DataFrame:
+    """The verdict on ``a`` against ``b`` per advantage scaling and held-out measure, indexed by
+    ``(scaling, measure)``, from :func:`compare_signals`.
+
+    Columns: ``difference``, ``low``, ``high`` (``a - b``: the mean over seeds of the per-seed
+    paired differences and its t-interval; NaN bounds with one seed), ``seeds``, and the
+    number of seeds whose paired per-problem interval lies ``below 0``, includes 0 (``level``)
+    or lies ``above 0``. The counts say whether the seeds agree in sign; the interval whether
+    their mean is told apart from 0 with so few of them.
+    """
+    table = compare_signals(runs, a, b, measures, level)
+    rows = {}
+    for (sc, measure), g in table.groupby(level=["scaling", "measure"], sort=False):
+        seeds = g.drop(index="over seeds", level="row")
+        over = g.xs("over seeds", level="row").iloc[0]
+        rows[sc, measure] = {
+            "difference": float(over["difference"]), "low": float(over["low"]),
+            "high": float(over["high"]), "seeds": len(seeds),
+            "below 0": int((seeds["high"] < 0).sum()),
+            "level": int(((seeds["low"] <= 0) & (seeds["high"] >= 0)).sum()),
+            "above 0": int((seeds["low"] > 0).sum())}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["scaling", "measure"])
+    return out
+
+
+def probe_answers(probe: str | os.PathLike, run: Run | None = None) -> pd.DataFrame:
+    """A probe's regenerated held-out answers, one row per (problem, agent), with the run's grades.
+
+    ``probe`` is a folder written by ``scripts/ch08_cut_answers.py`` (``samples.jsonl``: problem,
+    agent, text, cut and the cut's kind; ``summary.json``); ``run`` the run whose final agents it
+    regenerated. With a run, adds ``right`` (``agent_correct`` of its eval.json) and ``mu_hat``
+    (the outcome model's estimate that the answer is right, eval.json's ``mu_hat``). Refuses a
+    probe whose summary does not say that the regenerated answers reproduce the run's grades (so
+    they are the answers the run was graded on), and rows that do not fit the run's problems and
+    agents.
+    """
+    probe = Path(probe)
+    summary = _read_json(probe / "summary.json")
+    if summary is None:
+        raise FileNotFoundError(f"{probe} holds no summary.json: not a probe folder")
+    if not summary.get("reproduces_agent_correct"):
+        raise ValueError(f"{probe}: the regenerated answers do not reproduce the run's grades")
+    answers = pd.DataFrame(_read_jsonl(probe / "samples.jsonl"))
+    if answers.empty:
+        raise ValueError(f"{probe}: samples.jsonl holds no answers")
+    if run is None:
+        return answers
+    if run.eval is None or "mu_hat" not in run.eval:
+        raise ValueError(f"{run.path}: eval.json has no mu_hat (unfinished or an older recording)")
+    right = np.asarray(run.eval["agent_correct"])
+    if answers["problem"].max() >= right.shape[0] or answers["agent"].max() >= right.shape[1]:
+        raise ValueError(f"{probe}: its answers do not fit {run.path}'s {right.shape} held-out grades")
+    at = answers["problem"].to_numpy(), answers["agent"].to_numpy()
+    answers["right"] = right[at].astype(int)
+    answers["mu_hat"] = np.asarray(run.eval["mu_hat"], dtype=float)[at]
+    return answers
 
 
 def feedback_table(runs: Run | list[Run]) -> pd.DataFrame:
