@@ -531,15 +531,16 @@ def test_feedback_table_counts_reward_queries(tmp_path):
         feedback_table(unfinished)
 
 
+@pytest.mark.parametrize("grid", ["grid", "grid-stop"])
 @pytest.mark.parametrize("scaling", ["group", "none"])
-def test_readme_states_the_recorded_verdict(scaling):
-    """The README's sentences on the grid's verdict, under the paper's protocol (``group``) and
+def test_readme_states_the_recorded_verdict(scaling, grid):
+    """The README's sentences on both grids' verdicts, under the paper's protocol (``group``) and
     centred (``none``), quote the recorded files: removal - winner-take-all over seeds, agents'
     mean and deployed; and no seed's paired interval puts removal ahead, as the README says."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
-    runs = [r for r in read_comparison(root / "data" / "results" / "ch08" / "grid")
+    runs = [r for r in read_comparison(root / "data" / "results" / "ch08" / grid)
             if r.eval is not None and r.arm != "control"]
     table = compare_signals(runs).xs(scaling, level="scaling")
     over = table.xs("over seeds", level="row")
@@ -551,6 +552,8 @@ def test_readme_states_the_recorded_verdict(scaling):
     assert f"{u['removal']:.3f} against {u['wta']:.3f}" in readme
     seeds = table.drop(index="over seeds", level="row")
     assert (seeds["low"] <= 0).all()
+    if grid == "grid-stop":  # "each seed's paired interval on the agents' mean lies below 0"
+        assert (seeds.xs("uniform", level="measure")["high"] < 0).all()
 
 
 def test_recorded_budget_arms_join_the_grid():
