@@ -13,6 +13,7 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
     python scripts/ch08_record.py grid-stop --parallel 2  # the grid with stop_at_answer: ch08/grid-stop
+    python scripts/ch08_record.py grid-mask --parallel 2  # its standardised pair, cut answers masked
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
 
@@ -91,6 +92,15 @@ JOBS = {
         *[("oracle", 0, f"ch08/grid-stop/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid-stop")
           for sc in ("group", "none")],
     ],
+    # a probe of the stop grid's one failed bar: standardised removal cuts over a third of its
+    # answers on every seed. DAPO's overlong filtering (config key mask_truncated_completions,
+    # TRL's name) trains on no cut answer, in every arm alike; seed 0 of the standardised pair
+    # asks whether it brings removal under the bar and what it does to winner-take-all
+    "grid-mask": [
+        (sig, 0, f"ch08/grid-mask/{sig}-group/seed0",
+         {"scale_rewards": "group", "mask_truncated_completions": True}, "grid-stop")
+        for sig in ("wta", "removal")
+    ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
     # on the grid's pool and commit. Chapter 9 records the standardised ones (--only
     # ch09/llm/removal-b0.1-group/seed0 ...): there the grid's oracle is far ahead of Eq. (19),
@@ -107,7 +117,7 @@ JOBS = {
     ],
 }
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
-              "grid-stop": ("ch08/grid-stop",)}
+              "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",)}
 """Recordings whose runs are compared with each other: each must run at one commit."""
 
 

@@ -164,6 +164,10 @@ def test_recorder_jobs_name_configs_that_resolve():
     grid = sorted(rec._job(j, "grid")[2].replace("grid/", "") for j in rec.JOBS["grid"])
     stop = sorted(rec._job(j, "grid-stop")[2].replace("grid-stop/", "") for j in rec.JOBS["grid-stop"])
     assert stop == grid and len(stop) == 3 + 12 + 2
+    # the masked probe: the stop grid's standardised seed-0 pair with one key more
+    mask = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
+    assert sorted((m[0], m[1], m[4]) for m in mask) == [("removal", 0, "grid-stop"), ("wta", 0, "grid-stop")]
+    assert all(m[3] == {"scale_rewards": "group", "mask_truncated_completions": True} for m in mask)
 
 
 def test_cut_answers_are_sorted_by_kind():

@@ -474,3 +474,11 @@ def test_stop_at_answer_is_a_checked_config_key():
     assert resolve_config("cpu-smoke", stop_at_answer=True)["stop_at_answer"] is True
     with pytest.raises(ValueError, match="stop_at_answer"):
         resolve_config("cpu-smoke", stop_at_answer="yes")
+
+
+def test_mask_truncated_completions_is_a_checked_config_key():
+    assert DEFAULTS["mask_truncated_completions"] is False
+    cfg = resolve_config("cpu-smoke", mask_truncated_completions=True)
+    assert cfg["mask_truncated_completions"] is True
+    with pytest.raises(ValueError, match="mask_truncated_completions"):
+        resolve_config("cpu-smoke", mask_truncated_completions=1)

@@ -189,6 +189,48 @@ def test_actor_update_ascends_the_advantage():
         assert moved == (n == agent.name), n
 
 
+def _one_agent_rollout(eng, rows=2):
+    """``rows`` sampled completions of the pool's second agent to one prompt (6 tokens)."""
+    agent = eng.agents[1]
+    prompt = eng.pool.prompt("What is 2+3?", agent)
+    torch.manual_seed(0)
+    return eng.pool.generate([prompt] * rows, [agent.name] * rows, [agent.temperature] * rows,
+                             max_new_tokens=6)
+
+
+def test_mask_truncated_completions_trains_only_on_the_finished_rows():
+    """With the key set, a cut row leaves the loss and its normaliser: the update equals the one
+    on the rollout without that row. Without it, the cut row is trained on."""
+    cfg = resolve_config("tiny-random", learning_rate=1e-3, max_grad_norm=0)
+    states = {}
+    for name, masked, rows, adv in (("masked", True, [0, 1], [1.0, -1.0]),
+                                    ("alone", False, [1], [-1.0]),
+                                    ("unmasked", False, [0, 1], [1.0, -1.0])):
+        eng = Engine(cfg.replace(mask_truncated_completions=masked), "wta")
+        roll = _one_agent_rollout(eng)
+        roll.truncated = torch.tensor([True, False])  # row 0 cut at the budget, row 1 finished
+        eng._actor_update(roll.rows(rows), torch.tensor(adv))
+        states[name] = eng.pool.adapter_state(eng.agents[1].name)
+    def largest_difference(a, b):
+        return max(float((states[a][k] - states[b][k]).abs().max()) for k in states[a])
+
+    assert largest_difference("masked", "alone") < 1e-6  # float noise; Adam's steps are ~1e-3
+    assert largest_difference("masked", "unmasked") > 1e-4
+
+
+def test_mask_truncated_completions_leaves_an_all_cut_agent_still():
+    cfg = resolve_config("tiny-random", learning_rate=1e-3, max_grad_norm=0,
+                         mask_truncated_completions=True)
+    eng = Engine(cfg, "wta")
+    roll = _one_agent_rollout(eng)
+    roll.truncated = torch.tensor([True, True])
+    name = eng.agents[1].name
+    before = eng.pool.adapter_state(name)
+    eng._actor_update(roll, torch.tensor([1.0, -1.0]))
+    after = eng.pool.adapter_state(name)
+    assert all(torch.equal(before[k], after[k]) for k in after)
+
+
 def test_bad_input(tmp_path, capsys):
     assert (
         main(["train", "--config", "tiny-random", "--signal", "shapley", "--output", str(tmp_path / "x")])

@@ -153,6 +153,11 @@ class GRPOConfig(Mapping):
     """end a completion at its first finished answer line (``#### <n>`` and a newline;
     mcpg.grpo.gsm8k.ANSWER_LINE), in training and in evaluation; such a completion is not
     truncated. False — only EOS or the token budget ends it."""
+    mask_truncated_completions: bool = False
+    """TRL mask_truncated_completions (DAPO's overlong filtering): a completion cut at
+    ``max_new_tokens`` keeps its place in its GRPO group (its reward and credit enter every
+    advantage of the group) but gets no gradient: its tokens leave the loss and its normaliser.
+    False — every completion is trained on."""
     eval_every: int = 0
     """evaluate every n updates during training (0 — only at the end)."""
     checkpoint_every: int = 1
@@ -271,8 +276,9 @@ def _check(cfg: GRPOConfig) -> None:
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
     _positive_int(cfg, "logprob_chunk", allow_zero=True)
-    if not isinstance(cfg["stop_at_answer"], bool):
-        raise ValueError(f"config key 'stop_at_answer' must be true or false, got {cfg['stop_at_answer']!r}")
+    for key in ("stop_at_answer", "mask_truncated_completions"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["gradient_checkpointing"], bool):
         raise ValueError("config key 'gradient_checkpointing' must be true or false, "
                          f"got {cfg['gradient_checkpointing']!r}")

@@ -467,12 +467,19 @@ class Engine:
         probability ratio lies in the clipped region on the side its advantage pushes (ratio below
         1 - eps with a negative advantage, or above 1 + eps_high with a positive one), over all
         optimizer steps of the rollout. With ``num_iterations = 1`` the ratio is 1 and it is 0.
+
+        ``mask_truncated_completions``: the rows cut at the token budget leave the loss (their
+        tokens count neither in the loss nor in its normaliser), as TRL's key of that name does;
+        their advantages were already computed with them in their groups.
         """
         cfg, K = self.cfg, self.K
         n = len(roll)
         agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
+        trained = roll.completion_mask
+        if cfg["mask_truncated_completions"]:
+            trained = trained * (~roll.truncated.bool())[:, None].to(trained.dtype)
         # global normalisers of each agent's loss (tokens for dapo/bnpo, sequences otherwise)
-        tokens = torch.stack([roll.completion_mask[agent_of_row == k].sum() for k in range(K)]).double()
+        tokens = torch.stack([trained[agent_of_row == k].sum() for k in range(K)]).double()
         seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
         tokens = self.dist.sum_(tokens.to(self.dist.device)).cpu()
         seqs = self.dist.sum_(seqs.to(self.dist.device)).cpu()
@@ -495,7 +502,7 @@ class Engine:
                 sub = roll.rows(c)
                 logp = self.pool.token_logprobs(sub)
                 logp_old = logp.detach() if old is None else old[ci]
-                mask = sub.completion_mask.to(logp.device)
+                mask = trained[c].to(logp.device)
                 a_rows = agent_of_row[c]
                 with torch.no_grad():
                     ratio = torch.exp(logp.detach() - logp_old)
