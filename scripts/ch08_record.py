@@ -13,7 +13,7 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py compare-unscaled        # removal with scale_rewards "none"
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
     python scripts/ch08_record.py grid-stop --parallel 2  # the grid with stop_at_answer: ch08/grid-stop
-    python scripts/ch08_record.py grid-mask --parallel 2  # its standardised pair, cut answers masked
+    python scripts/ch08_record.py grid-mask --parallel 2  # the stop grid, no gradient from cut answers
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
 
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "data" / "results"
 COPIED = ("config.json", "initial_eval.json", "metrics.jsonl", "slates.jsonl", "eval.json")
 
+MASKED = {"mask_truncated_completions": True}
 JOBS = {
     "control": [("wta", 0, "ch08/control")],
     # wta and removal on 3 seeds each, the full-feedback oracle on 1; interleaved so that a
@@ -92,14 +93,20 @@ JOBS = {
         *[("oracle", 0, f"ch08/grid-stop/oracle-{sc}/seed0", {"scale_rewards": sc}, "grid-stop")
           for sc in ("group", "none")],
     ],
-    # a probe of the stop grid's one failed bar: standardised removal cuts over a third of its
-    # answers on every seed. DAPO's overlong filtering (config key mask_truncated_completions,
-    # TRL's name) trains on no cut answer, in every arm alike; seed 0 of the standardised pair
-    # asks whether it brings removal under the bar and what it does to winner-take-all
+    # the stop grid with no gradient from a cut answer: standardised removal cut over a third of
+    # its answers on every seed of the stop grid. DAPO's overlong filtering (config key
+    # mask_truncated_completions, TRL's name) trains on no cut answer, in every arm alike. The
+    # standardised pair's seed 0 goes first: it asks whether the key brings removal under the
+    # bar (chapter 8's probe); then the controls and the rest, in the stop grid's order
     "grid-mask": [
-        (sig, 0, f"ch08/grid-mask/{sig}-group/seed0",
-         {"scale_rewards": "group", "mask_truncated_completions": True}, "grid-stop")
-        for sig in ("wta", "removal")
+        *[(sig, 0, f"ch08/grid-mask/{sig}-group/seed0", {"scale_rewards": "group", **MASKED},
+           "grid-stop") for sig in ("wta", "removal")],
+        *[("wta", k, f"ch08/grid-mask/control/seed{k}", MASKED, "grid-stop-control") for k in range(3)],
+        *[(sig, k, f"ch08/grid-mask/{sig}-{sc}/seed{k}", {"scale_rewards": sc, **MASKED}, "grid-stop")
+          for k in range(3) for sc in ("group", "none") for sig in ("wta", "removal")
+          if (k, sc) != (0, "group")],
+        *[("oracle", 0, f"ch08/grid-mask/oracle-{sc}/seed0", {"scale_rewards": sc, **MASKED}, "grid-stop")
+          for sc in ("group", "none")],
     ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
     # on the grid's pool and commit. Chapter 9 records the standardised ones (--only

@@ -164,10 +164,14 @@ def test_recorder_jobs_name_configs_that_resolve():
     grid = sorted(rec._job(j, "grid")[2].replace("grid/", "") for j in rec.JOBS["grid"])
     stop = sorted(rec._job(j, "grid-stop")[2].replace("grid-stop/", "") for j in rec.JOBS["grid-stop"])
     assert stop == grid and len(stop) == 3 + 12 + 2
-    # the masked probe: the stop grid's standardised seed-0 pair with one key more
-    mask = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
-    assert sorted((m[0], m[1], m[4]) for m in mask) == [("removal", 0, "grid-stop"), ("wta", 0, "grid-stop")]
-    assert all(m[3] == {"scale_rewards": "group", "mask_truncated_completions": True} for m in mask)
+    # the masked grid: the stop grid's jobs in its order, each with one key more; the
+    # standardised seed-0 pair (chapter 8's probe) first
+    stop_jobs = [rec._job(j, "grid-stop") for j in rec.JOBS["grid-stop"]]
+    mask_jobs = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
+    assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in mask_jobs] == [
+        (j[0], j[1], j[2].replace("grid-stop/", ""), j[4]) for j in stop_jobs]
+    assert all(m[3] == {**j[3], "mask_truncated_completions": True} for m, j in zip(mask_jobs, stop_jobs))
+    assert [m[2] for m in mask_jobs[:2]] == [f"ch08/grid-mask/{s}-group/seed0" for s in ("wta", "removal")]
 
 
 def test_cut_answers_are_sorted_by_kind():

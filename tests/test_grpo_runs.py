@@ -613,6 +613,35 @@ def test_recorded_grid_stop_is_the_grid_with_the_stop():
                 == {k: v for k, v in twin.config.items() if k not in aside}), (r.arm, r.config["seed"])
 
 
+def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
+    """Chapter 8's probe of the stop grid's failed bar (``data/results/ch08/grid-mask``): each
+    finished run is at one clean commit of its own, its config is the stop grid's run of the
+    same arm and seed with ``mask_truncated_completions`` switched on and nothing else changed,
+    and it starts from the same untrained evaluation (the key acts only on updates)."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "data" / "results" / "ch08"
+    probe = [r for r in read_comparison(root / "grid-mask") if r.eval is not None]
+    if not probe:
+        pytest.skip("no grid-mask run recorded")
+    stop = {(r.arm, r.config["seed"]): r for r in read_comparison(root / "grid-stop")}
+    assert len({r.provenance["commit"] for r in probe}) == 1
+    assert probe[0].provenance["commit"] not in {r.provenance["commit"] for r in stop.values()}
+    for r in probe:
+        assert not r.provenance["dirty"] and r.config["mask_truncated_completions"] is True
+        twin = stop[r.arm, r.config["seed"]]
+        assert "mask_truncated_completions" not in twin.config
+        assert {k: v for k, v in r.config.items() if k != "mask_truncated_completions"} == twin.config
+        untrained = [json.loads((x.path / "initial_eval.json").read_text()) for x in (r, twin)]
+        assert untrained[0] == untrained[1]
+    # the README quotes the probe: removal - wta on seed 0, agents' mean and deployed
+    readme = " ".join((root.parents[2] / "README.md").read_text(encoding="utf-8").split())
+    seed0 = compare_signals(probe).xs(("group", "seed 0"), level=("scaling", "row"))
+    for measure in ("uniform", "deployed"):
+        d, lo, hi = seed0.loc[measure, ["difference", "low", "high"]]
+        assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, measure
+
+
 def _budgeted_slates(rng, p_of, n_updates=3):
     """Removal slates with exact evaluations drawn at probabilities p_of(n): the logged credit
     is Eq. (21) of Eq. (19) and the exact contribution, as the engine logs it."""
