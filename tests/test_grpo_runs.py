@@ -590,27 +590,37 @@ def test_recorded_budget_arms_join_the_grid():
         assert set(sc["exact_z"]) == {0.0, 1.0}
 
 
+def _recorded_twins(child: str, parent: str, key: str, aside=()):
+    """A recorded grid that is another with one config key switched on: each finished run of
+    ``data/results/ch08/<child>`` is at one clean commit, not the parent's, has ``key`` True,
+    and its config is the parent's run of the same arm and seed without the key (the keys in
+    ``aside`` apart). Returns the (run, twin) pairs; skips while none is recorded."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "data" / "results" / "ch08"
+    runs = [r for r in read_comparison(root / child) if r.eval is not None]
+    if not runs:
+        pytest.skip(f"no {child} run recorded")
+    parents = {(r.arm, r.config["seed"]): r for r in read_comparison(root / parent)}
+    assert len({r.provenance["commit"] for r in runs}) == 1
+    assert runs[0].provenance["commit"] not in {r.provenance["commit"] for r in parents.values()}
+    pairs = []
+    for r in runs:
+        assert not r.provenance["dirty"] and r.config[key] is True
+        twin = parents[r.arm, r.config["seed"]]
+        assert key not in twin.config
+        assert ({k: v for k, v in r.config.items() if k not in (key, *aside)}
+                == {k: v for k, v in twin.config.items() if k not in aside}), (r.arm, r.config["seed"])
+        pairs.append((r, twin))
+    return pairs
+
+
 def test_recorded_grid_stop_is_the_grid_with_the_stop():
     """Chapter 8's second grid (``data/results/ch08/grid-stop``): every finished run is at one
     commit, clean, and its config is the grid's run of the same arm and seed with
     ``stop_at_answer`` switched on and nothing else changed that bears on training (the name,
     and ``report_to``, a logging key added after the grid's commit, aside), at a commit other
     than the grid's: its runs are compared with each other only."""
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "data" / "results" / "ch08"
-    stop = [r for r in read_comparison(root / "grid-stop") if r.eval is not None]
-    if not stop:
-        pytest.skip("no grid-stop run recorded")
-    grid = {(r.arm, r.config["seed"]): r for r in read_comparison(root / "grid")}
-    assert len({r.provenance["commit"] for r in stop}) == 1
-    assert {grid[k].provenance["commit"] for k in grid}.isdisjoint({stop[0].provenance["commit"]})
-    aside = ("name", "stop_at_answer", "report_to")
-    for r in stop:
-        assert not r.provenance["dirty"] and r.config["stop_at_answer"] is True
-        twin = grid[r.arm, r.config["seed"]]
-        assert "stop_at_answer" not in twin.config
-        assert ({k: v for k, v in r.config.items() if k not in aside}
-                == {k: v for k, v in twin.config.items() if k not in aside}), (r.arm, r.config["seed"])
+    _recorded_twins("grid-stop", "grid", "stop_at_answer", aside=("name", "report_to"))
 
 
 def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
@@ -620,23 +630,14 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
     and it starts from the same untrained evaluation (the key acts only on updates)."""
     import json
     from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "data" / "results" / "ch08"
-    probe = [r for r in read_comparison(root / "grid-mask") if r.eval is not None]
-    if not probe:
-        pytest.skip("no grid-mask run recorded")
-    stop = {(r.arm, r.config["seed"]): r for r in read_comparison(root / "grid-stop")}
-    assert len({r.provenance["commit"] for r in probe}) == 1
-    assert probe[0].provenance["commit"] not in {r.provenance["commit"] for r in stop.values()}
-    for r in probe:
-        assert not r.provenance["dirty"] and r.config["mask_truncated_completions"] is True
-        twin = stop[r.arm, r.config["seed"]]
-        assert "mask_truncated_completions" not in twin.config
-        assert {k: v for k, v in r.config.items() if k != "mask_truncated_completions"} == twin.config
+    pairs = _recorded_twins("grid-mask", "grid-stop", "mask_truncated_completions")
+    for r, twin in pairs:
         untrained = [json.loads((x.path / "initial_eval.json").read_text()) for x in (r, twin)]
         assert untrained[0] == untrained[1]
     # the README quotes the probe: removal - wta on seed 0, agents' mean and deployed
-    readme = " ".join((root.parents[2] / "README.md").read_text(encoding="utf-8").split())
-    seed0 = compare_signals(probe).xs(("group", "seed 0"), level=("scaling", "row"))
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
+    seed0 = compare_signals([r for r, _ in pairs]).xs(("group", "seed 0"), level=("scaling", "row"))
     for measure in ("uniform", "deployed"):
         d, lo, hi = seed0.loc[measure, ["difference", "low", "high"]]
         assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, measure
