@@ -154,10 +154,10 @@ class GRPOConfig(Mapping):
     mcpg.grpo.gsm8k.ANSWER_LINE), in training and in evaluation; such a completion is not
     truncated. False — only EOS or the token budget ends it."""
     mask_truncated_completions: bool = False
-    """TRL mask_truncated_completions (DAPO's overlong filtering): a completion cut at
+    """TRL mask_truncated_completions, DAPO's overlong filtering — a completion cut at
     ``max_new_tokens`` keeps its place in its GRPO group (its reward and credit enter every
-    advantage of the group) but gets no gradient: its tokens leave the loss and its normaliser.
-    False — every completion is trained on."""
+    advantage of the group) but gets no gradient (its tokens leave the loss and its
+    normaliser). False — every completion is trained on."""
     eval_every: int = 0
     """evaluate every n updates during training (0 — only at the end)."""
     checkpoint_every: int = 1
