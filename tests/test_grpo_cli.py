@@ -162,11 +162,11 @@ def test_recorder_jobs_name_configs_that_resolve():
             k: v for k, v in old.items() if k != "name"}
         assert new["stop_at_answer"] is True
     grid = sorted(rec._job(j, "grid")[2].replace("grid/", "") for j in rec.JOBS["grid"])
-    stop = sorted(rec._job(j, "grid-stop")[2].replace("grid-stop/", "") for j in rec.JOBS["grid-stop"])
+    stop_jobs = [rec._job(j, "grid-stop") for j in rec.JOBS["grid-stop"]]
+    stop = sorted(j[2].replace("grid-stop/", "") for j in stop_jobs)
     assert stop == grid and len(stop) == 3 + 12 + 2
     # the masked grid: the stop grid's jobs in its order, each with one key more; the
     # standardised seed-0 pair (chapter 8's probe) first
-    stop_jobs = [rec._job(j, "grid-stop") for j in rec.JOBS["grid-stop"]]
     mask_jobs = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
     assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in mask_jobs] == [
         (j[0], j[1], j[2].replace("grid-stop/", ""), j[4]) for j in stop_jobs]

@@ -166,15 +166,21 @@ def test_micro_batches_give_the_same_update():
             )  # Adam steps are ~1e-2
 
 
+def _one_agent_rollout(eng):
+    """Two sampled completions of the pool's second agent to one prompt (6 tokens)."""
+    agent = eng.agents[1]
+    prompt = eng.pool.prompt("What is 2+3?", agent)
+    torch.manual_seed(0)
+    return eng.pool.generate([prompt] * 2, [agent.name] * 2, [agent.temperature] * 2, max_new_tokens=6)
+
+
 def test_actor_update_ascends_the_advantage():
     """A positive advantage raises that completion's log-probability under its own adapter,
     a negative one lowers it, and other agents' adapters do not move."""
     cfg = resolve_config("tiny-random", learning_rate=1e-3, max_grad_norm=0)
     eng = Engine(cfg, "wta")
     agent = eng.agents[1]
-    prompt = eng.pool.prompt("What is 2+3?", agent)
-    torch.manual_seed(0)
-    roll = eng.pool.generate([prompt] * 2, [agent.name] * 2, [agent.temperature] * 2, max_new_tokens=6)
+    roll = _one_agent_rollout(eng)
     before = {n: eng.pool.adapter_state(n) for n in eng.pool.names}
     with torch.no_grad():
         lp0 = (eng.pool.token_logprobs(roll) * roll.completion_mask).sum(1)
@@ -187,15 +193,6 @@ def test_actor_update_ascends_the_advantage():
         after = eng.pool.adapter_state(n)
         moved = any(not torch.equal(before[n][k], after[k]) for k in after)
         assert moved == (n == agent.name), n
-
-
-def _one_agent_rollout(eng, rows=2):
-    """``rows`` sampled completions of the pool's second agent to one prompt (6 tokens)."""
-    agent = eng.agents[1]
-    prompt = eng.pool.prompt("What is 2+3?", agent)
-    torch.manual_seed(0)
-    return eng.pool.generate([prompt] * rows, [agent.name] * rows, [agent.temperature] * rows,
-                             max_new_tokens=6)
 
 
 def test_mask_truncated_completions_trains_only_on_the_finished_rows():
@@ -211,6 +208,7 @@ def test_mask_truncated_completions_trains_only_on_the_finished_rows():
         roll.truncated = torch.tensor([True, False])  # row 0 cut at the budget, row 1 finished
         eng._actor_update(roll.rows(rows), torch.tensor(adv))
         states[name] = eng.pool.adapter_state(eng.agents[1].name)
+
     def largest_difference(a, b):
         return max(float((states[a][k] - states[b][k]).abs().max()) for k in states[a])
 
