@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -34,6 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by path, it finds _provenance
+from _provenance import machine_info  # noqa: E402
 
 KINDS = ("finished answer line", "marker, line unfinished", "no marker")
 
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "code_commit": commit,  # the code imported (PYTHONPATH), not necessarily this script's
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t0),
-        "machine": {"platform": platform.platform(), "torch": torch.__version__},
+        "machine": machine_info(),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -85,7 +85,8 @@ def router_auc(rows: list[dict], budget: int, K: int, m: int, kinds=("basic", "c
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ch08_record import _git, _machine
+    from _provenance import machine_info
+    from ch08_record import _git
 
     from mcpg.grpo.configs import resolve_config
     from mcpg.grpo.gsm8k import extract_answer, reward
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "OMP_NUM_THREADS=1 python " + " ".join(["scripts/ch08_grid_probe.py", *sys.argv[1:]]),
         "commit": _git("rev-parse", "HEAD"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seed": a.seed, "wall_s": round(time.time() - t0), "cpu_s": round(time.process_time() - c0),
-        "machine": _machine(),
+        "machine": machine_info(),
     }
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     for b in budgets:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # loaded by path (the tests), it still finds _provenance
+from _provenance import machine_info  # noqa: E402
+
 RESULTS = ROOT / "data" / "results"
 COPIED = ("config.json", "initial_eval.json", "metrics.jsonl", "slates.jsonl", "eval.json")
 
@@ -139,29 +141,6 @@ def _git(*args: str, code: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=code, capture_output=True, text=True).stdout.strip()
 
 
-def _machine() -> dict:
-    import torch
-    import transformers
-
-    cpu = "unknown"
-    if Path("/proc/cpuinfo").exists():
-        names = [
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "load_average": os.getloadavg(),
-    }
-
-
 def _command(what: str, signal: str, seed: int, run: Path, overrides: dict | None = None,
              code: Path = ROOT) -> list[str]:
     """The train command; the config is ``data/configs/ch08-<what>.json`` of the checkout
@@ -226,7 +205,7 @@ def _record(
         "updates_s": round(_updates_seconds(run)),
         "note": "wall and CPU time of this call (a resumed run counts its last call only); updates_s: the "
                 "wall time of all the run's updates (metrics.jsonl's seconds), every call; one torch thread",
-        "machine": _machine(),
+        "machine": machine_info(),
         "copied": list(COPIED) + ["(not the adapter or router weights)"],
     }
     (dest / "PROVENANCE.json").write_text(json.dumps(prov, indent=1) + "\n")

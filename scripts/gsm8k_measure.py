@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -52,6 +51,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))  # loaded by path (the tests), it still finds _provenance
+
+from _provenance import machine_info  # noqa: E402
 
 from mcpg.grpo.gsm8k import is_correct, reward  # noqa: E402
 from mcpg.grpo.headroom import cut_completion, no_right_share, pass_at_k, wilson_interval  # noqa: E402
@@ -436,8 +438,6 @@ def main(argv=None) -> dict:
     prov_path = out / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.exists() else {}
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    import transformers
-
     prov.update({
         "what": "frozen model, greedy accuracy and sampled headroom (pass@k) on GSM8K test and on "
                 "chapter 8's arithmetic task (mcpg.grpo.arithmetic.task_splits(512, 128, seed=0) held-out)",
@@ -453,9 +453,7 @@ def main(argv=None) -> dict:
         "budgets": args.budgets, "threads": args.threads,
         "targets": {"greedy": len(greedy_set), "arith_greedy": len(arith), "arith_samples": len(arith),
                     "samples": len(sample_set)},
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "transformers": transformers.__version__},
+        "machine": machine_info(),
     })
     for name, budget in (("greedy", args.max_new_tokens), ("arith_greedy", args.arith_max_new_tokens)):
         filled = backfill_budgets(out / f"{name}.jsonl", args.budgets, budget, pool.tokenizer)
