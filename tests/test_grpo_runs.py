@@ -193,8 +193,11 @@ def test_arms_over_seeds(tmp_path):
     # one signal, two configurations: arms are named by their folder, not their signal
     rng = np.random.default_rng(7)
     runs = [_grid_run(tmp_path, "removal", k, sc, rng) for k in range(2) for sc in ("group", "b0.1-group")]
+    # by signal, both arms are "removal": which run of seed 0 is meant is refused, not guessed
+    with pytest.raises(ValueError, match="two finished runs of signal 'removal', seed 0"):
+        signals_over_seeds(runs)
     with pytest.raises(NoPairedSeeds):
-        signals_over_seeds(runs)  # by signal, both arms are "removal"
+        signals_over_seeds(runs[::2])  # one arm, one signal: nothing to pair it with
     t = signals_over_seeds(runs, a="removal-b0.1-group", b="removal-group", by="arm")
     assert list(t.index) == ["seed 0", "seed 1", "over seeds"]
     for k in range(2):
@@ -637,7 +640,8 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
     # the README quotes the probe: removal - wta on seed 0, agents' mean and deployed
     root = Path(__file__).resolve().parents[1]
     readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
-    seed0 = compare_signals([r for r, _ in pairs]).xs(("group", "seed 0"), level=("scaling", "row"))
+    routed = [r for r, _ in pairs if r.arm != "control"]  # the control is a wta run too
+    seed0 = compare_signals(routed).xs(("group", "seed 0"), level=("scaling", "row"))
     for measure in ("uniform", "deployed"):
         d, lo, hi = seed0.loc[measure, ["difference", "low", "high"]]
         assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, measure

@@ -352,12 +352,20 @@ def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
 
     ``by="arm"`` names ``a`` and ``b`` by :attr:`Run.arm` instead (``removal-b0.1-group``
     against ``removal-group``: one signal, two configurations). Raises :class:`NoPairedSeeds`
-    when no seed has both.
+    when no seed has both, and ``ValueError`` when two runs share a name and seed (a grid's
+    K = 1 control is a ``wta`` run too: leave it out).
     """
     if by not in ("signal", "arm"):
         raise ValueError(f"by must be 'signal' or 'arm', got {by!r}")
-    finished = {(r.signal if by == "signal" else r.arm, r.config.get("seed", 0)): r
-                for r in runs if r.eval is not None}
+    finished = {}
+    for r in runs:
+        if r.eval is None:
+            continue
+        key = (r.signal if by == "signal" else r.arm, r.config.get("seed", 0))
+        if key in finished:  # a control beside its grid's wta arm, say: which one is meant?
+            raise ValueError(f"two finished runs of {by} {key[0]!r}, seed {key[1]}: "
+                             f"{finished[key].path} and {r.path}; pass one per {by} and seed")
+        finished[key] = r
     seeds = sorted(s for (name, s) in finished if name == a and (b, s) in finished)
     if not seeds:
         raise NoPairedSeeds(f"no seed with finished runs of both {a!r} and {b!r}")
