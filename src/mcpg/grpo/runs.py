@@ -403,6 +403,9 @@ def slate_credit(run: Run) -> pd.DataFrame:
     A run with ``exact_budget`` also logs each slate's evaluation probability and draw (paper
     §7): ``exact_p`` and ``exact_z`` (NaN for a run without them). Its ``logged`` credit is then
     Eq. (21), ``removal + exact_z / exact_p * (oracle - removal)``.
+
+    ``cut`` (the candidate was cut at the token budget) and ``tokens`` (its length) are read
+    where the engine logged them (runs recorded before it did: NaN).
     """
     if not run.slates:
         raise ValueError(f"{run.path} holds no slates.jsonl")
@@ -424,7 +427,9 @@ def slate_credit(run: Run) -> pd.DataFrame:
             "removal": removal.ravel(), "removal_expected": expected.ravel(), "oracle": oracle.ravel(),
             "logged": np.asarray(row["score"], float).ravel(),
             **{key: np.repeat(np.asarray(row[key], float), K) if key in row else np.nan
-               for key in ("exact_p", "exact_z")}}))
+               for key in ("exact_p", "exact_z")},
+            **{key: np.asarray(row[key], float).ravel() if key in row else np.nan
+               for key in ("cut", "tokens")}}))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -35,7 +35,8 @@ Run directory::
     config.json          the resolved config, the signal, where the model came from
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
-    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score;
+    slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score,
+                         and per candidate cut (at the token budget) and tokens (its length);
                          with an exact budget also exact_z, exact_p: evaluated, its probability)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>.safetensors, router.safetensors    the final weights
@@ -388,6 +389,10 @@ class Engine:
         matched = [spec_idx.get(question_specialty(q)) for q in questions]
         spec_hits = [int(I[b, g] == matched[b]) for b in range(B) for g in range(m) if matched[b] is not None]
         mask_len = roll.completion_mask.sum(1).double().numpy()
+
+        def slate_rows(x):  # completion rows (b, k, g) -> slates (b*m + g, k), as R above
+            return x.reshape(B, K, m).transpose(0, 2, 1).reshape(-1, K)
+
         local_stats = [
             {
                 "R": R.reshape(-1, K).tolist(),
@@ -398,6 +403,9 @@ class Engine:
                 "spec": spec_hits,
                 "len": mask_len.tolist(),
                 "trunc": roll.truncated.double().tolist(),
+                # per candidate, in the slate layout (B*m, K) of R: cut at the budget, and its length
+                "cut": slate_rows(roll.truncated.int().numpy()).tolist(),
+                "tokens": slate_rows(mask_len).tolist(),
                 "score": scores.reshape(-1, K).tolist(),
                 "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
                 "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
@@ -413,7 +421,7 @@ class Engine:
         Rall, Iall = np.array(cat["R"]), np.array(cat["I"])
         # the logged slates (slates.jsonl): every candidate's reward is known here, so Eq. 19 can be
         # checked against the exact removal contribution on real LLM slates
-        self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score")}
+        self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")}
         if cfg["exact_budget"]:  # which slates were evaluated exactly, and with what probability
             self.last_slates.update({k: cat[k] for k in ("exact_z", "exact_p")})
         n_exact = int(np.sum(cat["exact_z"]))
