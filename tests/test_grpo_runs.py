@@ -649,16 +649,14 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
     readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
     routed = [r for r, _ in pairs if r.arm != "control"]  # the control is a wta run too
     seed0 = compare_signals(routed).xs(("group", "seed 0"), level=("scaling", "row"))
-    for measure in ("uniform", "deployed"):
-        d, lo, hi = seed0.loc[measure, ["difference", "low", "high"]]
-        assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, measure
+    quoted = [seed0.loc[measure] for measure in ("uniform", "deployed")]
     # and the centred seed-0 pair, once it is recorded, beside the stop grid's
     stop = [r for _, r in pairs if r.arm != "control"]
     if {("wta-none", 0), ("removal-none", 0)} <= {(r.arm, r.config["seed"]) for r in routed}:
-        for runs in (routed, stop):
-            row = compare_signals(runs).loc[("none", "uniform", "seed 0")]
-            d, lo, hi = row[["difference", "low", "high"]]
-            assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme
+        quoted += [compare_signals(runs).loc[("none", "uniform", "seed 0")] for runs in (routed, stop)]
+    for row in quoted:
+        d, lo, hi = row[["difference", "low", "high"]]
+        assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, row.name
 
 
 def _budgeted_slates(rng, p_of, n_updates=3):
