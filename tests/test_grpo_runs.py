@@ -650,10 +650,13 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
     routed = [r for r, _ in pairs if r.arm != "control"]  # the control is a wta run too
     seed0 = compare_signals(routed).xs(("group", "seed 0"), level=("scaling", "row"))
     quoted = [seed0.loc[measure] for measure in ("uniform", "deployed")]
-    # and the centred seed-0 pair, once it is recorded, beside the stop grid's
+    # and the later pairs, once both signals of one are recorded, beside the stop grid's
     stop = [r for _, r in pairs if r.arm != "control"]
-    if {("wta-none", 0), ("removal-none", 0)} <= {(r.arm, r.config["seed"]) for r in routed}:
-        quoted += [compare_signals(runs).loc[("none", "uniform", "seed 0")] for runs in (routed, stop)]
+    held = {(r.arm, r.config["seed"]) for r in routed}
+    for scaling, seed in (("none", 0), ("group", 1)):
+        if {(f"wta-{scaling}", seed), (f"removal-{scaling}", seed)} <= held:
+            row = (scaling, "uniform", f"seed {seed}")
+            quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
     for row in quoted:
         d, lo, hi = row[["difference", "low", "high"]]
         assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, row.name
