@@ -14,6 +14,7 @@ machine, the date, the seed, wall time and CPU time.
     python scripts/ch08_record.py grid --parallel 2       # data/results/ch08/grid/<arm>/seed<k>
     python scripts/ch08_record.py grid-stop --parallel 2  # the grid with stop_at_answer: ch08/grid-stop
     python scripts/ch08_record.py grid-mask --parallel 2  # the stop grid, no gradient from cut answers
+    python scripts/ch08_record.py grid-mask --status      # where its jobs stand; starts nothing
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
 
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -211,6 +213,34 @@ def _record(
     (dest / "PROVENANCE.json").write_text(json.dumps(prov, indent=1) + "\n")
 
 
+def status(what: str, runs: Path, results: Path, code: Path = ROOT, parallel: int = 1) -> list[dict]:
+    """Where each job of a recording stands, starting nothing: ``recorded`` (its results are
+    copied), ``evaluating`` (every update done, no eval.json yet), ``started`` (some updates in
+    its run directory, resumable) or ``not started``; with its updates done out of its config's.
+    The last row, ``left``, sums the updates still to run and estimates the wall hours from the
+    median seconds per update of the recorded runs of each job's config (the K = 1 controls
+    have their own), ``parallel`` jobs at once: updates only, not the final evaluations."""
+    rows, per_update = [], {}
+    for signal, seed, rel, overrides, config in (_job(j, what) for j in JOBS[what]):
+        spec = json.loads((code / "data" / "configs" / f"ch08-{config}.json").read_text())
+        total = {**spec, **overrides}["updates"]
+        recorded = (results / rel / "eval.json").exists()
+        metrics = (results / rel if recorded else runs / rel) / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        done = [json.loads(ln) for ln in lines if ln.strip()]
+        per_update.setdefault(config, []).extend(r["seconds"]["total"] for r in done if "seconds" in r)
+        state = ("recorded" if recorded else "evaluating" if len(done) >= total
+                 else "started" if done else "not started")
+        rows.append({"job": rel, "state": state, "updates": len(done), "of": total, "config": config})
+    left = sum(r["of"] - r["updates"] for r in rows)
+    seconds = [(r["of"] - r["updates"]) * statistics.median(per_update[r["config"]])
+               for r in rows if r["of"] > r["updates"] and per_update[r["config"]]]
+    hours = sum(seconds) / 3600 / max(parallel, 1) if seconds else float("nan")
+    rows.append({"job": "left", "state": f"about {hours:.1f} h at --parallel {parallel}", "updates": left,
+                 "of": sum(r["of"] for r in rows)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=sorted(JOBS))
@@ -222,8 +252,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the checkout whose code, configs and commit the jobs use (default: this one)")
     ap.add_argument("--results", default=str(RESULTS),
                     help="where recorded runs are copied (default: this checkout's data/results)")
+    ap.add_argument("--status", action="store_true",
+                    help="say where each job stands (updates done, hours left) and start nothing")
     a = ap.parse_args(argv)
     results = Path(a.results)
+    if a.status:
+        for r in status(a.what, Path(a.runs), results, Path(a.code).resolve(), a.parallel):
+            print(f"{r['job']:<40} {r['state']:<28} {r['updates']:>4} / {r['of']}")
+        return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     jobs = [_job(j, a.what) for j in JOBS[a.what]]
     known = [j[2] for j in jobs]

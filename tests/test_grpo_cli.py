@@ -109,15 +109,21 @@ def test_resume_needs_no_config(tmp_path, capsys, no_training):
     assert len(no_training) == 1
 
 
-def test_recorder_commands_parse(tmp_path, capsys, no_training):
-    # scripts/ch08_record.py starts a job with its seeded config and resumes it with --resume
-    # and the same config (which train ignores on resume, and required before 839a64d); both
-    # command lines must pass the train command's own parser
+def _recorder():
+    """scripts/ch08_record.py, loaded by its path."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
     rec = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rec)
+    return rec
+
+
+def test_recorder_commands_parse(tmp_path, capsys, no_training):
+    # scripts/ch08_record.py starts a job with its seeded config and resumes it with --resume
+    # and the same config (which train ignores on resume, and required before 839a64d); both
+    # command lines must pass the train command's own parser
+    rec = _recorder()
     run = tmp_path / "removal-group" / "seed0"
     run.parent.mkdir()
     new = rec._command("grid", "removal", 0, run, {"scale_rewards": "group"})
@@ -141,14 +147,46 @@ def test_recorder_commands_parse(tmp_path, capsys, no_training):
     assert "not a checkout" in capsys.readouterr().err
 
 
+def test_recorder_status_reads_where_each_job_stands(tmp_path, capsys):
+    # --status starts nothing: a job is recorded (results copied), evaluating (every update
+    # done, no eval.json), started (resumable) or not started; the hours left come from the
+    # median seconds per update of the jobs of the same config, shared by --parallel jobs
+    rec = _recorder()
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    jobs = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
+    (wta, rm, control), n = (j[2] for j in jobs[:3]), 32
+
+    def metrics(folder, updates, seconds):
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [{"update": u, "seconds": {"total": seconds}} for u in range(1, updates + 1)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    metrics(results / wta, n, 100.0)
+    (results / wta / "eval.json").write_text("{}")
+    metrics(runs / rm, n, 300.0)  # every update done, the evaluation not yet
+    metrics(runs / control, 5, 60.0)
+    rows = {r["job"]: r for r in rec.status("grid-mask", runs, results, ROOT, parallel=2)}
+    assert [rows[j]["state"] for j in (wta, rm, control)] == ["recorded", "evaluating", "started"]
+    assert [rows[j]["updates"] for j in (wta, rm, control)] == [n, n, 5]
+    assert {rows[j[2]]["state"] for j in jobs[3:]} == {"not started"}
+    left = rows["left"]
+    assert left["updates"] == len(jobs) * n - 2 * n - 5 == sum(r["of"] - r["updates"] for r in rows.values()
+                                                                 if r["job"] != "left")
+    # routed jobs: the median of 100 s (32 updates) and 300 s (32): 200 s; controls: 60 s
+    routed_left = sum(1 for j in jobs[3:] if j[4] == jobs[0][4]) * n
+    controls_left = (n - 5) + sum(1 for j in jobs[3:] if j[4] == jobs[2][4]) * n
+    hours = (routed_left * 200.0 + controls_left * 60.0) / 3600 / 2
+    assert left["state"] == f"about {hours:.1f} h at --parallel 2"
+    assert rec.main(["grid-mask", "--status", "--runs", str(runs), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert f"{wta} " in out and "recorded" in out and "not started" in out
+    assert not any((runs / j[2]).with_suffix(".log").exists() for j in jobs)  # nothing started
+
+
 def test_recorder_jobs_name_configs_that_resolve():
     # every job of scripts/ch08_record.py reads data/configs/ch08-<config>.json; the stopped grid
     # is the grid with one key more, and lays out the grid's arms, seeds and controls
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
+    rec = _recorder()
     configs = ROOT / "data" / "configs"
     for what, jobs in rec.JOBS.items():
         for job in jobs:
