@@ -653,9 +653,14 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
     # and the later pairs, once both signals of one are recorded, beside the stop grid's
     stop = [r for _, r in pairs if r.arm != "control"]
     held = {(r.arm, r.config["seed"]) for r in routed}
-    for scaling, seed in (("none", 0), ("group", 1), ("none", 1)):
+    for scaling, seed in (("none", 0), ("group", 1), ("none", 1), ("group", 2), ("none", 2)):
         if {(f"wta-{scaling}", seed), (f"removal-{scaling}", seed)} <= held:
             row = (scaling, "uniform", f"seed {seed}")
+            quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
+    # and, once a scaling has its three seeds of both signals, the interval over them
+    for scaling in ("group", "none"):
+        if {(f"{s}-{scaling}", k) for s in ("wta", "removal") for k in range(3)} <= held:
+            row = (scaling, "uniform", "over seeds")
             quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
     for row in quoted:
         d, lo, hi = row[["difference", "low", "high"]]
