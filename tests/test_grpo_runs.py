@@ -404,7 +404,8 @@ def test_agent_level_measures_read_the_actors_apart_from_the_router(tmp_path):
         per_problem(r, "median")
 
 
-def _grid_run(folder, signal, seed, scaling, rng, n=24, cut=(0.1,) * 6, auc=0.8, router="best"):
+def _grid_run(folder, signal, seed, scaling, rng, n=24, cut=(0.1,) * 6, auc=0.8, router="best",
+              held_out_cut=0.05):
     agents = rng.binomial(1, 0.4, (n, 3))
     dep = agents.argmax(1) if router == "best" else agents.argmin(1)
     rows = [{"update": u, "signal": signal, "reward": 0.5, "oracle": 0.5, "truncated": c,
@@ -414,7 +415,7 @@ def _grid_run(folder, signal, seed, scaling, rng, n=24, cut=(0.1,) * 6, auc=0.8,
           "correct": agents[np.arange(n), dep].tolist(), "base_correct": [0] * n,
           "agent_correct": agents.tolist(), "uniform_accuracy": float(agents.mean()), "base_accuracy": 0.0,
           "best_of_k": float(agents.max(1).mean()), "router_auc": auc, "router_auc_within": auc - 0.1,
-          "deployed_fraction": (np.bincount(dep, minlength=3) / n).tolist()}
+          "deployed_fraction": (np.bincount(dep, minlength=3) / n).tolist(), "truncated": held_out_cut}
     return read_run(_write_run(folder / f"{signal}-{scaling}" / f"seed{seed}", signal=signal, rows=rows,
                                eval_=ev, seed=seed, scale_rewards=scaling))
 
@@ -425,14 +426,19 @@ def test_health_table_bars(tmp_path):
     cut = _grid_run(tmp_path, "wta", 1, "group", rng, cut=(0.9, 0.9, 0.3, 0.2, 0.3, 0.2))
     blind = _grid_run(tmp_path, "removal", 0, "group", rng, auc=0.69)
     worse = _grid_run(tmp_path, "removal", 1, "group", rng, router="worst")
-    t = health_table([worse, blind, cut, good])
-    assert list(t.index) == [("removal-group", 0), ("removal-group", 1), ("wta-group", 0), ("wta-group", 1)]
+    long = _grid_run(tmp_path, "removal", 2, "group", rng, held_out_cut=0.6)
+    t = health_table([worse, blind, cut, good, long])
+    assert list(t.index) == [("removal-group", 0), ("removal-group", 1), ("removal-group", 2),
+                             ("wta-group", 0), ("wta-group", 1)]
     # the last five updates only: (0.9, 0.3, 0.2, 0.3, 0.2) -> 0.38 > 0.25
     assert t.loc[("wta-group", 1), "cut"] == pytest.approx(0.38)
     # zero-spread: agents' shares over updates 2..6 -> mean of (u/10, 0, 0.5)
     assert t.loc[("wta-group", 0), "zero-spread"] == pytest.approx((0.4 + 0 + 0.5) / 3)
     assert t.loc[("wta-group", 0), "agents' mean"] == pytest.approx(good.eval["uniform_accuracy"])
-    assert t["healthy"].tolist() == [False, False, True, False]
+    assert t["healthy"].tolist() == [False, False, True, True, False]
+    # the held-out cut share is read from eval.json and reported, not a bar
+    assert t.loc[("removal-group", 2), "cut, held-out"] == pytest.approx(0.6)
+    assert t.loc[("wta-group", 0), "cut, held-out"] == pytest.approx(0.05)
     # the router that picks the worst agent is below the uniform draw; the best is at or above it
     assert t.loc[("removal-group", 1), "deployed"] < t.loc[("removal-group", 1), "agents' mean"]
     assert t.loc[("wta-group", 0), "deployed"] >= t.loc[("wta-group", 0), "agents' mean"]

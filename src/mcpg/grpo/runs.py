@@ -726,13 +726,15 @@ third bar, deployed accuracy at least the agents' mean (a router no worse than a
 def health_table(runs: Run | list[Run], last: int = 5) -> pd.DataFrame:
     """One row per finished run, indexed by ``(arm, seed)``: is it healthy enough to compare?
 
-    Columns: ``cut`` (share of completions cut, mean over the last ``last`` updates),
-    ``zero-spread`` (share of GRPO groups whose rewards are all equal, over the same updates and
-    the agents), ``router_auc`` and ``router_auc_within`` (eval.json), ``deployed`` (held-out
-    accuracy), ``agents' mean`` (``uniform_accuracy``: a uniform router), ``best_of_k``,
-    ``largest share`` (the largest share of held-out problems one agent was sent: routing
-    collapse when near 1), and ``healthy``: ``cut`` <= ``HEALTH_BARS["truncated"]``,
-    ``router_auc`` >= ``HEALTH_BARS["router_auc"]`` and ``deployed`` >= ``agents' mean``.
+    Columns: ``cut`` (share of completions cut, mean over the last ``last`` updates), ``cut,
+    held-out`` (the share of the held-out greedy answers cut at the evaluation's budget, eval.json's
+    ``truncated``; not a bar: a run can pass ``cut`` in training and still cut many answers where it
+    is measured), ``zero-spread`` (share of GRPO groups whose rewards are all equal, over the same
+    updates and the agents), ``router_auc`` and ``router_auc_within`` (eval.json), ``deployed``
+    (held-out accuracy), ``agents' mean`` (``uniform_accuracy``: a uniform router), ``best_of_k``,
+    ``largest share`` (the largest share of held-out problems one agent was sent: routing collapse
+    when near 1), and ``healthy``: ``cut`` <= ``HEALTH_BARS["truncated"]``, ``router_auc`` >=
+    ``HEALTH_BARS["router_auc"]`` and ``deployed`` >= ``agents' mean``.
     """
     if last < 1:
         raise ValueError(f"last must be a positive integer, got {last}")
@@ -743,7 +745,8 @@ def health_table(runs: Run | list[Run], last: int = 5) -> pd.DataFrame:
                 if "zero_std_reward_fraction" in tail else float("nan"))
         e = r.eval
         auc = e.get("router_auc")
-        out = {"cut": float(tail["truncated"].mean()), "zero-spread": float(zero),
+        out = {"cut": float(tail["truncated"].mean()),
+               "cut, held-out": float(e.get("truncated", np.nan)), "zero-spread": float(zero),
                "router_auc": np.nan if auc is None else float(auc),
                "router_auc_within": (np.nan if e.get("router_auc_within") is None
                                      else float(e["router_auc_within"])),
