@@ -33,6 +33,15 @@ configs and record its commit), writing into this checkout's results::
 
 A job is always given its seeded ``--config``, resumed or not (``train`` ignores it on resume;
 before 839a64d it required it), so this script resumes the jobs of older commits too.
+
+**A recording that outlives its machine.** A run directory lives outside the repository, and a
+session may be handed a new machine. Before such a session ends, stop the recorder and park
+its started jobs: ``--park`` copies each started, unfinished run directory (its checkpoint
+included, about 60 MB a routed run) into ``data/recording/<job>/``, to be committed. The
+recorder, started anywhere, resumes a job from its parked copy when the copy has more updates
+than the run directory (or there is none), and deletes the copy once the job is recorded::
+
+    python scripts/ch08_record.py grid-mask --park --runs /tmp/runs   # then commit data/recording
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ sys.path.insert(0, str(ROOT / "scripts"))  # loaded by path (the tests), it stil
 from _provenance import machine_info  # noqa: E402
 
 RESULTS = ROOT / "data" / "results"
+PARKED = ROOT / "data" / "recording"
+"""Where ``--park`` leaves started jobs' run directories, checkpoints included, for a later session."""
 COPIED = ("config.json", "initial_eval.json", "metrics.jsonl", "slates.jsonl", "eval.json")
 
 MASKED = {"mask_truncated_completions": True}
@@ -213,7 +224,60 @@ def _record(
     (dest / "PROVENANCE.json").write_text(json.dumps(prov, indent=1) + "\n")
 
 
-def status(what: str, runs: Path, results: Path, code: Path = ROOT, parallel: int = 1) -> list[dict]:
+def _updates_done(run: Path) -> int:
+    """Updates in a run directory's checkpoint (0 without one): what ``--resume`` continues from."""
+    for name in ("checkpoint", "checkpoint.old"):
+        state = run / name / "state.json"
+        if state.exists():
+            return int(json.loads(state.read_text())["step"])
+    return 0
+
+
+def park(what: str, runs: Path, parked: Path = PARKED, only=None) -> list[tuple[str, int]]:
+    """Copy each started, unfinished job's run directory from ``runs`` to ``parked``, replacing
+    an older copy with fewer updates; returns (job, updates) of the copies made. A job still
+    running may swap its checkpoint while it is copied: the copy is checked (a checkpoint whose
+    step its metrics reach) and taken again until it holds. Stop the recorder first to park the
+    last update too."""
+    made = []
+    for _signal, _seed, rel, _o, _c in (_job(j, what) for j in JOBS[what]):
+        run, dest = runs / rel, parked / rel
+        if (only and rel not in only) or not (run / "config.json").exists() or (run / "eval.json").exists():
+            continue
+        for _ in range(5):
+            n = _updates_done(run)
+            if n == 0 or n <= _updates_done(dest):
+                break
+            tmp = dest.with_name(dest.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                shutil.copytree(run, tmp, ignore=shutil.ignore_patterns("*.tmp", "checkpoint.old"))
+            except (FileNotFoundError, shutil.Error):  # a checkpoint swapped while it was copied
+                continue
+            got = _updates_done(tmp)
+            metrics = tmp / "metrics.jsonl"
+            rows = [r for r in metrics.read_text().splitlines() if r.strip()] if metrics.exists() else []
+            if got and len(rows) >= got:
+                shutil.rmtree(dest, ignore_errors=True)
+                tmp.rename(dest)
+                made.append((rel, got))
+                break
+        else:
+            raise RuntimeError(f"{run} kept changing while it was parked: stop the recorder and park again")
+    return made
+
+
+def _restore(run: Path, parked_run: Path) -> bool:
+    """Put a parked copy in place of ``run`` when it has more updates (or ``run`` holds none)."""
+    if _updates_done(parked_run) <= _updates_done(run):
+        return False
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(parked_run, run)
+    return True
+
+
+def status(what: str, runs: Path, results: Path, code: Path = ROOT, parallel: int = 1,
+           parked: Path = PARKED) -> list[dict]:
     """Where each job of a recording stands, starting nothing: ``recorded`` (its results are
     copied), ``evaluating`` (every update done, no eval.json yet), ``started`` (some updates in
     its run directory, resumable) or ``not started``; with its updates done out of its config's.
@@ -225,7 +289,10 @@ def status(what: str, runs: Path, results: Path, code: Path = ROOT, parallel: in
         spec = json.loads((code / "data" / "configs" / f"ch08-{config}.json").read_text())
         total = {**spec, **overrides}["updates"]
         recorded = (results / rel / "eval.json").exists()
-        metrics = (results / rel if recorded else runs / rel) / "metrics.jsonl"
+        here = runs / rel
+        if not recorded and _updates_done(parked / rel) > _updates_done(here):
+            here = parked / rel  # parked by an earlier session: resumed from there
+        metrics = (results / rel if recorded else here) / "metrics.jsonl"
         lines = metrics.read_text().splitlines() if metrics.exists() else []
         done = [json.loads(ln) for ln in lines if ln.strip()]
         per_update.setdefault(config, []).extend(r["seconds"]["total"] for r in done if "seconds" in r)
@@ -254,11 +321,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="where recorded runs are copied (default: this checkout's data/results)")
     ap.add_argument("--status", action="store_true",
                     help="say where each job stands (updates done, hours left) and start nothing")
+    ap.add_argument("--park", action="store_true",
+                    help="copy the started, unfinished jobs' run directories, checkpoints included, into "
+                         "data/recording/ for a later session (stop the recorder first) and start nothing")
     a = ap.parse_args(argv)
     results = Path(a.results)
     if a.status:
         for r in status(a.what, Path(a.runs), results, Path(a.code).resolve(), a.parallel):
             print(f"{r['job']:<40} {r['state']:<28} {r['updates']:>4} / {r['of']}")
+        return 0
+    if a.park:
+        made = park(a.what, Path(a.runs), only=a.only)
+        for rel, n in made:
+            print(f"parked {rel} at update {n}: {PARKED / rel}")
+        if not made:
+            print(f"nothing to park: no started, unfinished job of {a.what!r} in {a.runs} "
+                  "is ahead of its parked copy")
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     jobs = [_job(j, a.what) for j in JOBS[a.what]]
@@ -285,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             signal, seed, rel, overrides, config = pending.pop(0)
             run = Path(a.runs) / rel
             run.parent.mkdir(parents=True, exist_ok=True)
+            if _restore(run, PARKED / rel):
+                print(f"restored {rel} from {PARKED / rel} at update {_updates_done(run)}", flush=True)
             cmd = _command(config, signal, seed, run, overrides, code)
             log = open(run.with_suffix(".log"), "a")
             started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -310,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                 _record(config, signal, seed, run, results / rel, cmd, started, wall, commit, dirty,
                         overrides)
                 print(f"recorded {rel} in {time.time() - t0:.0f} s", flush=True)
+                if (PARKED / rel).exists():  # its parked copy has served
+                    shutil.rmtree(PARKED / rel)
             else:
                 print(f"failed {rel} (exit {proc.returncode}); see {run.with_suffix('.log')}", flush=True)
     return 0

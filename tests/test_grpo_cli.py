@@ -183,6 +183,52 @@ def test_recorder_status_reads_where_each_job_stands(tmp_path, capsys):
     assert not any((runs / j[2]).with_suffix(".log").exists() for j in jobs)  # nothing started
 
 
+def test_recorder_parks_and_restores_started_jobs(tmp_path, capsys):
+    # a session on a machine that is not kept parks its started jobs in the repository
+    # (checkpoints included); the next recorder resumes each from its parked copy when the
+    # copy is ahead, and --status counts the parked updates
+    rec = _recorder()
+    runs, parked, results = tmp_path / "runs", tmp_path / "parked", tmp_path / "results"
+    jobs = [rec._job(j, "grid-mask")[2] for j in rec.JOBS["grid-mask"]]
+    started, finished, behind = jobs[-1], jobs[-2], jobs[-3]
+
+    def run_dir(folder, updates, evaluated=False):
+        (folder / "checkpoint").mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "checkpoint" / "state.json").write_text(json.dumps({"step": updates}))
+        (folder / "checkpoint" / "adapters.bin").write_bytes(bytes(range(256)) * 4)
+        rows = [{"update": u, "seconds": {"total": 10.0}} for u in range(1, updates + 1)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if evaluated:
+            (folder / "eval.json").write_text("{}")
+
+    run_dir(runs / started, 7)
+    run_dir(runs / finished, 32, evaluated=True)  # done: nothing to park
+    run_dir(runs / behind, 3)
+    run_dir(parked / behind, 5)  # an earlier session's copy is ahead: kept
+    assert rec.park("grid-mask", runs, parked) == [(started, 7)]
+    copy = parked / started / "checkpoint" / "adapters.bin"
+    assert copy.read_bytes() == (runs / started / "checkpoint" / "adapters.bin").read_bytes()
+    assert not (parked / finished).exists() and rec._updates_done(parked / behind) == 5
+    assert not list(parked.rglob("*.tmp"))
+    assert rec.park("grid-mask", runs, parked) == []  # nothing new
+    # a new machine: no run directories; the recorder restores the parked ones
+    fresh = tmp_path / "fresh"
+    assert rec._restore(fresh / started, parked / started)
+    assert rec._updates_done(fresh / started) == 7 and (fresh / started / "metrics.jsonl").exists()
+    assert not rec._restore(runs / started, parked / started)  # the run directory is not behind
+    assert rec._restore(runs / behind, parked / behind)  # it is
+    rows = {r["job"]: r for r in rec.status("grid-mask", tmp_path / "empty", results, ROOT, parked=parked)}
+    assert (rows[started]["state"], rows[started]["updates"]) == ("started", 7)
+    assert (rows[behind]["state"], rows[behind]["updates"]) == ("started", 5)
+    assert rows[jobs[0]]["state"] == "not started"
+    # a checkpoint that no metrics reach is not a copy to resume from
+    (runs / started / "checkpoint" / "state.json").write_text(json.dumps({"step": 9}))
+    with pytest.raises(RuntimeError, match="kept changing"):
+        rec.park("grid-mask", runs, parked)
+    assert rec._updates_done(parked / started) == 7
+
+
 def test_recorder_jobs_name_configs_that_resolve():
     # every job of scripts/ch08_record.py reads data/configs/ch08-<config>.json; the stopped grid
     # is the grid with one key more, and lays out the grid's arms, seeds and controls
