@@ -668,6 +668,12 @@ def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
         if {(f"{s}-{scaling}", k) for s in ("wta", "removal") for k in range(3)} <= held:
             row = (scaling, "uniform", "over seeds")
             quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
+    # and each scaling's oracle on seed 0 against both signals, once it is recorded
+    for scaling in ("group", "none"):
+        if (f"oracle-{scaling}", 0) in held:
+            for b in ("wta", "removal"):
+                row = (scaling, "uniform", "seed 0")
+                quoted += [compare_signals(runs, a="oracle", b=b).loc[row] for runs in (routed, stop)]
     for row in quoted:
         d, lo, hi = row[["difference", "low", "high"]]
         assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, row.name
