@@ -45,11 +45,16 @@ def installed_from() -> dict | None:
 
     A git install gives ``{"url": ..., "vcs_info": {"vcs": "git", "commit_id": ...,
     "requested_revision": ...}}``; an install from a folder ``{"url": "file://...",
-    "dir_info": {...}}``."""
+    "dir_info": {...}}``. None when the library imported is not the one pip installed (an
+    editable install, ``src/`` on the path): such a copy lives in its source tree."""
     try:
-        text = importlib.metadata.distribution("mcpg").read_text("direct_url.json")
+        dist = importlib.metadata.distribution("mcpg")
     except importlib.metadata.PackageNotFoundError:
         return None
+    here = Path(__file__).resolve()
+    if Path(dist.locate_file(f"mcpg/{here.name}")).resolve() != here:
+        return None  # that metadata is another copy's (an editable install, src/ on the path)
+    text = dist.read_text("direct_url.json")
     return json.loads(text) if text else None
 
 
