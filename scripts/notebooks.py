@@ -2,9 +2,13 @@
 
 The MyST Markdown chapters in ``book/`` are the only source. This script derives from them
 
-- ``sync``: one ``.ipynb`` per chapter beside its source (``book/NN_name.ipynb``, without
+- ``sync``: first each chapter's Colab install, in its set-up cell (its first code cell),
+  written from the book's repository (``repository.url`` and ``.branch`` of
+  ``book/_config.yml``, the one place the address is written by hand; :func:`colab_install`);
+  then one ``.ipynb`` per chapter beside its source (``book/NN_name.ipynb``, without
   outputs). These are what the Colab button opens. Sphinx ignores them (``_config.yml``).
-- ``check``: exits 1 when a committed notebook's cells differ from its source (CI runs it).
+- ``check``: exits 1 when a committed notebook's cells differ from its source, or a chapter's
+  Colab install from the configuration (CI runs it).
 - ``fold-setup``: rewrites each chapter's set-up cell (its first code cell) so that the site
   shows it folded behind a one-line summary (tags ``hide-input``, ``hide-output`` and
   MyST-NB's ``code_prompt_show``/``code_prompt_hide``). Idempotent.
@@ -358,9 +362,15 @@ def _cells(nb) -> list[tuple[str, str, tuple]]:
 
 
 def sync(book: Path = BOOK) -> list[Path]:
-    """Write ``NN_name.ipynb`` beside every chapter; return the paths written."""
+    """Write every chapter's Colab install from the book's repository (:func:`set_colab_install`)
+    and ``NN_name.ipynb`` beside every chapter; return the paths written."""
     out = []
+    url, branch = repository(book / "_config.yml")
     for md in chapters(book):
+        text = md.read_text(encoding="utf-8")
+        if set_colab_install(text, url, branch) != text:
+            md.write_text(set_colab_install(text, url, branch), encoding="utf-8")
+            out.append(md)
         path = md.with_suffix(".ipynb")
         nb = _notebook(md.read_text(encoding="utf-8"), book, _chapter_number(md))
         jupytext.write(nb, path, fmt="ipynb")
@@ -369,14 +379,77 @@ def sync(book: Path = BOOK) -> list[Path]:
 
 
 def check(book: Path = BOOK) -> list[str]:
-    """Chapters whose notebook is missing or whose cells differ from the source."""
+    """Chapters whose notebook is missing or whose cells differ from the source, or whose Colab
+    install is not the one the book's repository (``_config.yml``) gives."""
     stale = []
+    url, branch = repository(book / "_config.yml")
     for md in chapters(book):
         path = md.with_suffix(".ipynb")
-        want = _cells(_notebook(md.read_text(encoding="utf-8"), book, _chapter_number(md)))
-        if not path.exists() or _cells(jupytext.read(path)) != want:
+        text = md.read_text(encoding="utf-8")
+        want = _cells(_notebook(text, book, _chapter_number(md)))
+        if set_colab_install(text, url, branch) != text or not path.exists() or \
+                _cells(jupytext.read(path)) != want:
             stale.append(md.name)
     return stale
+
+
+# ------------------------------------------------------------------------------------------
+# The set-up cell: its Colab install, and its folding on the site
+# ------------------------------------------------------------------------------------------
+COLAB_IF = 'if "google.colab" in sys.modules:'
+REPOSITORY_VARIABLE = "MCPG_REPOSITORY"  # names another repository to install from (a fork, a test)
+
+
+def repository(config: Path = BOOK / "_config.yml") -> tuple[str, str]:
+    """The book's repository: its address and branch (``repository.url`` and ``.branch`` of the
+    configuration), the one place where they are written by hand."""
+    import yaml
+
+    repo = yaml.safe_load(config.read_text(encoding="utf-8"))["repository"]
+    return repo["url"].rstrip("/"), str(repo.get("branch") or "")
+
+
+def colab_install(url: str, branch: str, extras: str = "") -> list[str]:
+    """The lines of a set-up cell's Colab block: in Colab (``google.colab`` imported), install
+    ``mcpg{extras}`` from the repository ``url`` at ``branch`` (the environment variable
+    ``MCPG_REPOSITORY``, when set, names another address). IPython's ``{...}`` expansion puts
+    the address into the ``%pip`` line."""
+    ref = f"@{branch}" if branch else ""
+    one = f'    REPOSITORY = os.environ.get("{REPOSITORY_VARIABLE}", "{url}")'
+    address = [one] if len(one) <= 80 else [
+        "    REPOSITORY = os.environ.get(", f'        "{REPOSITORY_VARIABLE}", "{url}"', "    )"]
+    return [f"{COLAB_IF}  # running in Colab: install the library first",
+            "    import os",
+            "",
+            f"    # from the book's repository, or the one {REPOSITORY_VARIABLE} names (a fork)",
+            *address,
+            f'    %pip install -q "mcpg{extras} @ git+{{REPOSITORY}}{ref}"']
+
+
+def set_colab_install(text: str, url: str, branch: str) -> str:
+    """The chapter with its set-up cell's Colab block (``if "google.colab" in sys.modules:``
+    and the lines indented below it) written by :func:`colab_install`, keeping the extras it
+    installs (``mcpg[llm]``); a set-up cell without one gains one at its top. Idempotent."""
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines) if re.match(r"^```\{code-cell\}", line)), None)
+    if start is None:
+        return text
+    end = _closing(lines, start, "```")
+    first = end - len(_options(lines[start + 1:end])[1])
+    while first < end and not lines[first].strip():
+        first += 1  # the first line of code
+    block = next((i for i in range(first, end) if lines[i].startswith(COLAB_IF)), None)
+    if block is None:
+        return "\n".join(lines[:first] + ["import sys", ""] + colab_install(url, branch) + [""]
+                         + lines[first:])
+    stop = block + 1
+    while stop < end and (not lines[stop].strip() or lines[stop][0] in " \t"):
+        stop += 1
+    while not lines[stop - 1].strip():
+        stop -= 1
+    extras = re.search(r'"mcpg(\[[\w,]+\])? @', "\n".join(lines[block:stop]))
+    new = colab_install(url, branch, (extras.group(1) or "") if extras else "")
+    return "\n".join(lines[:block] + new + lines[stop:])
 
 
 SETUP_SHOW = "Set-up: installs the library in Colab, imports, settings"
@@ -436,13 +509,15 @@ def student(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("sync", help="write book/NN_name.ipynb from every chapter")
-    sub.add_parser("check", help="fail when a notebook is out of sync with its chapter")
+    sub.add_parser("sync", help="write every chapter's Colab install from _config.yml, then "
+                   "book/NN_name.ipynb from every chapter")
+    sub.add_parser("check", help="fail when a notebook is out of sync with its chapter, or a "
+                   "chapter's Colab install with _config.yml")
     sub.add_parser("fold-setup", help="fold every chapter's set-up cell on the site (rewrites the chapters)")
     st = sub.add_parser("student", help="build the student edition without solutions")
     st.add_argument("--out", type=Path, default=ROOT / "_build" / "student")
     args = parser.parse_args(argv)
-    if args.command == "sync":
+    if args.command == "sync":  # the chapters' Colab installs, then their notebooks
         for p in sync():
             print(f"wrote {p.relative_to(ROOT)}")
     elif args.command == "fold-setup":

@@ -3,6 +3,7 @@ every solution while keeping the exercises."""
 
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 
 import jupytext
@@ -220,3 +221,43 @@ def test_set_up_cell_is_folded_and_installs_what_the_chapter_needs(md):
     needs_llm = re.search(r"mcpg\.grpo\.(train|agents|models|router)|import (transformers|peft)", text)
     extras = (install.group(1) or "[]")[1:-1].split(",")
     assert ("llm" in extras) == bool(needs_llm), f"extras {extras}; the chapter needs llm: {bool(needs_llm)}"
+
+
+def test_colab_install_is_written_from_the_configuration(tmp_path):
+    """The repository's address is written by hand in ``_config.yml`` alone: `check` fails on a
+    chapter whose set-up cell installs from elsewhere, and `sync` rewrites every set-up cell's
+    Colab install from the configuration (keeping the extras), and is then a no-op."""
+    book = tmp_path / "book"
+    shutil.copytree(notebooks.BOOK, book, ignore=shutil.ignore_patterns("_build"))
+    names = [md.name for md in notebooks.chapters(book)]
+    assert notebooks.check(book) == []
+    url, branch = notebooks.repository(book / "_config.yml")
+    config = (book / "_config.yml").read_text(encoding="utf-8")
+    fork = "https://example.org/someone/mcpg-fork"
+    assert config.count(f"url: {url}") == 1 and config.count(f"branch: {branch}") == 1
+    (book / "_config.yml").write_text(config.replace(f"url: {url}", f"url: {fork}")
+                                      .replace(f"branch: {branch}", "branch: dev"), encoding="utf-8")
+    assert notebooks.check(book) == names
+    notebooks.sync(book)
+    assert notebooks.check(book) == []
+    for name, extras in (("01_failures", ""), ("08_grpo_gsm8k", "[llm]")):
+        text = (book / f"{name}.md").read_text(encoding="utf-8")
+        assert url not in text and fork in text
+        setup = next(c for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "code")
+        assert f'%pip install -q "mcpg{extras} @ git+{{REPOSITORY}}@dev"' in setup.source
+        assert setup.source.startswith(f'import sys\n\n{notebooks.COLAB_IF}')
+        assert notebooks.set_colab_install(text, fork, "dev") == text
+        ipynb = jupytext.read(book / f"{name}.ipynb")
+        assert next(c for c in ipynb.cells if c.cell_type == "code").source == setup.source
+
+
+def test_colab_install_added_to_a_set_up_cell_without_one():
+    out = notebooks.set_colab_install(SETUP, "https://example.org/r", "main")
+    assert notebooks.set_colab_install(out, "https://example.org/r", "main") == out
+    first = next(c for c in jupytext.reads(out, fmt="md:myst").cells if c.cell_type == "code")
+    assert first.source.startswith(f"import sys\n\n{notebooks.COLAB_IF}")
+    assert first.source.endswith('%pip install -q "mcpg @ git+{REPOSITORY}@main"\n\nimport sys\nx = 1')
+    assert first.metadata["tags"] == ["hide-output"]
+    long = "https://example.org/" + "x" * 80  # an address too long for one line of 80
+    assert all(len(line) <= 80 or long in line for line in notebooks.colab_install(long, "main"))
+    assert notebooks.colab_install(long, "") != notebooks.colab_install(long, "main")
