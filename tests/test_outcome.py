@@ -221,6 +221,43 @@ def test_candidate_table_lifts_like_the_pool():
         oc.candidate_table(pool, np.zeros((2, 2)))
 
 
+@pytest.mark.parametrize("by", ["agent", "answer"])
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_cell_table_inverts_the_cell_layout(by, seed):
+    """Lifting cell_table(range(n cells)) to the sampled joint actions gives back each
+    candidate's cell: the table and candidate_cells index the same cells."""
+    pool, rng = _router_reads_answers(seed % 50, n_prompts=4)
+    logged = pool.sample(200, np.random.default_rng(seed))
+    cells, n = oc.candidate_cells(pool, logged, by=by)
+    table = oc.cell_table(pool, np.arange(n), by=by)
+    assert table.shape == (pool.n_agents, pool.n_prompts, pool.n_actions)
+    np.testing.assert_array_equal(oc.candidate_table(pool, table)[logged.index()], cells)
+    # by agent the answer does not matter; by answer every cell appears once
+    if by == "agent":
+        assert (table == table[..., :1]).all()
+    else:
+        np.testing.assert_array_equal(np.sort(table.ravel()), np.arange(n))
+
+
+def test_cell_table_of_exact_targets_is_g_when_the_model_sees_the_answer():
+    """With by="answer" the exact per-cell mean E[R | h, j, a] is g_j(h, a) wherever the cell
+    has mass: the table of the targets is the pool's own candidate values."""
+    pool, _ = _router_reads_answers(3, n_prompts=3)
+    target = oc.cell_targets(pool, by="answer")
+    table = oc.cell_table(pool, np.nan_to_num(target["mean"]), by="answer")
+    has_mass = oc.cell_table(pool, target["mass"], by="answer") > 0
+    np.testing.assert_allclose(table[has_mass], pool.candidate_reward[has_mass], atol=1e-12)
+
+
+def test_cell_table_refuses_a_wrong_length_or_grouping():
+    pool, _ = _router_reads_answers(1, n_prompts=2)
+    with pytest.raises(ValueError, match="predictions"):
+        oc.cell_table(pool, np.zeros(5))
+    with pytest.raises(ValueError, match="by"):
+        oc.cell_table(pool, np.zeros(6), by="prompt")
+
+
 def test_candidate_blind_router_has_no_selection_bias():
     pool, _ = _router_reads_answers(4, blind=True)
     t = oc.cell_targets(pool, "agent")

@@ -343,6 +343,28 @@ def candidate_cells(pool, samples, by: str = "agent") -> tuple[np.ndarray, int]:
     return cells, n_H * K * (M if by == "answer" else 1)
 
 
+def cell_table(pool, predictions, by: str = "agent") -> np.ndarray:
+    """A tabular outcome model's predictions, one per cell of :func:`candidate_cells`, as the
+    per-candidate table mu_hat_j(h, a) of shape (K, n_H, M).
+
+    Entry [j, h, a] is the prediction for cell (h, j) (``by="agent"``: the same for every
+    answer a) or (h, j, a) (``by="answer"``). The table is what
+    :class:`~mcpg.mechanisms.RoutedPool` takes as candidate values (the plug-in estimate of
+    §6.1 puts mu_hat in place of g) and what :func:`candidate_table` lifts to every joint
+    action.
+    """
+    if by not in _BY:
+        raise ValueError(f"by must be 'agent' or 'answer', got {by!r}")
+    K, M, n_H = pool.n_agents, pool.n_actions, pool.n_prompts
+    n = n_H * K * (M if by == "answer" else 1)
+    predictions = np.asarray(predictions, dtype=float)
+    if predictions.shape != (n,):
+        raise ValueError(f"predictions must have shape ({n},), one per cell, got {predictions.shape}")
+    j, h, a = np.indices((K, n_H, M))
+    cells = h * K + j if by == "agent" else (h * K + j) * M + a
+    return predictions[cells]
+
+
 def cell_targets(pool, by: str = "agent") -> dict[str, np.ndarray]:
     """Exact population quantities per cell of :func:`candidate_cells`, by enumeration.
 
