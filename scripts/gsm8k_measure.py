@@ -32,7 +32,7 @@ answer, plus provenance (command, commit, dates, machine, seeds, wall and CPU ti
     nice -n 10 python scripts/gsm8k_measure.py --output data/results/gsm8k
 
 ``--max-batches`` stops after that many batches (a speed probe); ``--summarize`` only rewrites
-summary.json; ``--report`` prints its numbers as the README's list.
+summary.json; ``--report`` prints its numbers as the recording log's list (book/recording_log.md).
 """
 
 from __future__ import annotations
@@ -311,8 +311,9 @@ def _headroom(s: dict) -> str:
 
 
 def report(summary: dict) -> str:
-    """The recorded numbers as the README's Markdown list (``--report`` prints it; a test checks
-    that the README holds exactly this for the committed summary.json)."""
+    """The recorded numbers as a Markdown list (``--report`` prints it; a test checks that the
+    book's recording log, ``book/recording_log.md``, holds exactly this for the committed
+    summary.json)."""
     prov = summary["provenance"]
     targets, done = prov.get("targets", {}), prov["complete"]
     g, gs = summary["gsm8k"]["greedy"], summary["gsm8k"]["samples"]
@@ -388,7 +389,7 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarize", action="store_true")
     ap.add_argument("--report", action="store_true",
-                    help="print summary.json's numbers as the README's Markdown list, and stop")
+                    help="print summary.json's numbers as the recording log's Markdown list, and stop")
     ap.add_argument("--readme", default=None, metavar="PATH",
                     help="with --report: write the list into PATH between its gsm8k-report markers")
     args = ap.parse_args(argv)

@@ -547,31 +547,6 @@ def test_feedback_table_counts_reward_queries(tmp_path):
         feedback_table(unfinished)
 
 
-@pytest.mark.parametrize("grid", ["grid", "grid-stop"])
-@pytest.mark.parametrize("scaling", ["group", "none"])
-def test_readme_states_the_recorded_verdict(scaling, grid):
-    """The README's sentences on both grids' verdicts, under the paper's protocol (``group``) and
-    centred (``none``), quote the recorded files: removal - winner-take-all over seeds, agents'
-    mean and deployed; and no seed's paired interval puts removal ahead, as the README says."""
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
-    runs = [r for r in read_comparison(root / "data" / "results" / "ch08" / grid)
-            if r.eval is not None and r.arm != "control"]
-    table = compare_signals(runs).xs(scaling, level="scaling")
-    over = table.xs("over seeds", level="row")
-    assert (over.loc[["uniform", "deployed"], "n"] >= 3).all()
-    for measure in ("uniform", "deployed"):
-        d, lo, hi = over.loc[measure, ["difference", "low", "high"]]
-        assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, measure
-    u = over.loc["uniform"]
-    assert f"{u['removal']:.3f} against {u['wta']:.3f}" in readme
-    seeds = table.drop(index="over seeds", level="row")
-    assert (seeds["low"] <= 0).all()
-    if grid == "grid-stop":  # "each seed's paired interval on the agents' mean lies below 0"
-        assert (seeds.xs("uniform", level="measure")["high"] < 0).all()
-
-
 def test_recorded_budget_arms_join_the_grid():
     """Chapter 9's recorded LLM arms: each run is chapter 8's grid configuration with the budget
     keys only, at the grid's commit, and spends its budget: the allocation's expected share of
@@ -637,46 +612,6 @@ def test_recorded_grid_stop_is_the_grid_with_the_stop():
     and ``report_to``, a logging key added after the grid's commit, aside), at a commit other
     than the grid's: its runs are compared with each other only."""
     _recorded_twins("grid-stop", "grid", "stop_at_answer", aside=("name", "report_to"))
-
-
-def test_recorded_mask_probe_is_the_stop_grid_with_cut_answers_masked():
-    """Chapter 8's probe of the stop grid's failed bar (``data/results/ch08/grid-mask``): each
-    finished run is at one clean commit of its own, its config is the stop grid's run of the
-    same arm and seed with ``mask_truncated_completions`` switched on and nothing else changed,
-    and it starts from the same untrained evaluation (the key acts only on updates)."""
-    import json
-    from pathlib import Path
-    pairs = _recorded_twins("grid-mask", "grid-stop", "mask_truncated_completions")
-    for r, twin in pairs:
-        untrained = [json.loads((x.path / "initial_eval.json").read_text()) for x in (r, twin)]
-        assert untrained[0] == untrained[1]
-    # the README quotes the probe: removal - wta on seed 0, agents' mean and deployed
-    root = Path(__file__).resolve().parents[1]
-    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
-    routed = [r for r, _ in pairs if r.arm != "control"]  # the control is a wta run too
-    seed0 = compare_signals(routed).xs(("group", "seed 0"), level=("scaling", "row"))
-    quoted = [seed0.loc[measure] for measure in ("uniform", "deployed")]
-    # and the later pairs, once both signals of one are recorded, beside the stop grid's
-    stop = [r for _, r in pairs if r.arm != "control"]
-    held = {(r.arm, r.config["seed"]) for r in routed}
-    for scaling, seed in (("none", 0), ("group", 1), ("none", 1), ("group", 2), ("none", 2)):
-        if {(f"wta-{scaling}", seed), (f"removal-{scaling}", seed)} <= held:
-            row = (scaling, "uniform", f"seed {seed}")
-            quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
-    # and, once a scaling has its three seeds of both signals, the interval over them
-    for scaling in ("group", "none"):
-        if {(f"{s}-{scaling}", k) for s in ("wta", "removal") for k in range(3)} <= held:
-            row = (scaling, "uniform", "over seeds")
-            quoted += [compare_signals(runs).loc[row] for runs in (routed, stop)]
-    # and each scaling's oracle on seed 0 against both signals, once it is recorded
-    for scaling in ("group", "none"):
-        if (f"oracle-{scaling}", 0) in held:
-            for b in ("wta", "removal"):
-                row = (scaling, "uniform", "seed 0")
-                quoted += [compare_signals(runs, a="oracle", b=b).loc[row] for runs in (routed, stop)]
-    for row in quoted:
-        d, lo, hi = row[["difference", "low", "high"]]
-        assert f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]".lstrip("+") in readme, row.name
 
 
 def _budgeted_slates(rng, p_of, n_updates=3):

@@ -140,18 +140,18 @@ def test_gsm8k_measure_tiny_random(tmp_path):
         assert {m: short_row[m] for m in gm.MODES} == {m: long_row["budgets"]["8"][m] for m in gm.MODES}
 
 
-def test_readme_quotes_the_recorded_gsm8k_numbers():
-    """The README's list of GSM8K numbers is the report of the recorded summary.json, so that a
-    new recording cannot land without the README saying what it measured."""
+def test_recording_log_quotes_the_recorded_gsm8k_numbers():
+    """The recording log's list of GSM8K numbers is the report of the recorded summary.json, so
+    that a new recording cannot land without the book saying what it measured."""
     gm = _measure()
     summary = ROOT / "data" / "results" / "gsm8k" / "summary.json"
     if not summary.exists():
         pytest.skip("no GSM8K recording in this checkout")
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "book" / "recording_log.md").read_text()
     want = gm.replace_report(text, gm.report(json.loads(summary.read_text())))
-    assert text == want, ("README.md's GSM8K numbers differ from data/results/gsm8k/summary.json: run "
-                          "python scripts/gsm8k_measure.py --output data/results/gsm8k --report "
-                          "--readme README.md")
+    assert text == want, ("book/recording_log.md's GSM8K numbers differ from data/results/gsm8k/"
+                          "summary.json: run python scripts/gsm8k_measure.py --output data/results/gsm8k "
+                          "--report --readme book/recording_log.md")
     # the report says what it read: every phase's problem count
     s = json.loads(summary.read_text())
     if s["gsm8k"]["greedy"]:

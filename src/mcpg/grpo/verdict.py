@@ -1,0 +1,353 @@
+"""A recorded grid read as a verdict: the paper's Table 1 over seeds, paired seeds, power, health.
+
+Chapter 8 compares credit signals on a grid of recorded runs laid out as
+``<grid>/<arm>/seed<k>/`` (arms ``control``, ``wta-<scaling>``, ``removal-<scaling>``,
+``oracle-<scaling>``; :func:`mcpg.grpo.runs.read_comparison` reads them). A training seed changes
+the whole trajectory, so the seeds, not the held-out problems, are the replicates: every interval
+here is a Student-t interval over seeds (:func:`mcpg.stats.paired_difference` for a difference of
+two arms paired by seed, :func:`mcpg.grpo.runs.t_interval` for one arm), and the per-problem
+intervals of one seed (:func:`mcpg.grpo.runs.compare_runs`) are that seed's evaluation noise only.
+
+- :func:`seed_measures`: per finished run, the paper's Table 1 columns (§8): deployed accuracy,
+  the agents' mean (a uniform router), best-of-K (the paper's "Oracle" column), routing entropy,
+  the deployed candidate's Brier score, specialization and regret;
+- :func:`table1`: Table 1's rows (frozen, control, wta, removal, oracle) for one advantage
+  scaling, each cell a mean over seeds with its t-interval; :func:`format_table1` as text;
+- :func:`paired_seeds`: two arms seed by seed on the seeds both finished;
+  :func:`seed_verdict`: their difference over seeds with its interval, and what the interval
+  can exclude (:func:`power`);
+- :func:`health_sensitivity`: the verdict on every pair, and again without the pairs whose runs
+  fail a health bar (named, nothing dropped silently);
+- :func:`control_gains`, :func:`dropouts`, :func:`cut_answer_kinds`: a grid's K = 1 controls,
+  its agents that stop answering, a probe's cut answers by kind;
+- figures: :func:`paired_seed_figure` (one line per seed from one arm to the other),
+  :func:`arm_figure` (a dot per seed, the mean with its interval), :func:`eq19_figure` (Eq. 19
+  against the exact removal contribution on logged slates).
+
+Only numpy, pandas, :mod:`mcpg.stats` and :mod:`mcpg.grpo.runs` are imported at module level;
+matplotlib is imported by the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+from .runs import HEALTH_BARS, Run, eval_gains, health_table, probe_answers, t_interval
+
+__all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
+           "seed_verdict", "power", "health_sensitivity", "control_gains", "dropouts",
+           "cut_answer_kinds", "paired_seed_figure", "arm_figure", "eq19_figure"]
+
+TABLE1_ROWS = ("frozen", "control", "wta", "removal", "oracle")
+"""Table 1's rows as this book records them: the frozen base model, the K = 1 positive control,
+and the three routed signals (the oracle trains on the exact removal contribution)."""
+
+TABLE1_COLUMNS = ("deployed", "agents' mean", "best-of-K", "entropy", "brier", "specialization", "regret")
+"""Held-out measures, deployed accuracy first (the paper's claim); ``best-of-K`` is the paper's
+"Oracle" column (some agent right), ``regret`` = best-of-K - deployed."""
+
+_EVAL = {"deployed": "accuracy", "agents' mean": "uniform_accuracy", "best-of-K": "best_of_k",
+         "entropy": "entropy", "brier": "brier", "specialization": "specialization", "regret": "regret"}
+_ROUTING = ("entropy", "brier", "specialization", "regret")
+
+
+def seed_measures(runs: list[Run]) -> pd.DataFrame:
+    """Table 1's columns (:data:`TABLE1_COLUMNS`) of every finished run, indexed by ``(arm, seed)``,
+    with ``scaling`` (the run's ``scale_rewards``) and ``signal``. A one-agent run has no routing:
+    its entropy, Brier, specialization and regret are NaN. The frozen model is the row
+    ``("frozen", seed)`` of every seed (its deployed accuracy only: it answers alone)."""
+    rows = {}
+    for r in runs:
+        if r.eval is None:
+            continue
+        seed = int(r.config.get("seed", 0))
+        row = {c: np.nan if r.eval.get(k) is None else float(r.eval[k]) for c, k in _EVAL.items()}
+        if len(r.agents) == 1:
+            row.update({c: np.nan for c in _ROUTING})
+        rows[r.arm, seed] = {**row, "scaling": r.scale_rewards, "signal": r.signal}
+        frozen = {c: np.nan for c in TABLE1_COLUMNS}
+        frozen["deployed"] = float(r.eval["base_accuracy"])
+        rows.setdefault(("frozen", seed), {**frozen, "scaling": "", "signal": "frozen"})
+    if not rows:
+        raise ValueError("no run has an eval.json")
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["arm", "seed"])
+    return out.sort_index()
+
+
+def _arm_of(row: str, scaling: str) -> str:
+    return row if row in ("frozen", "control") else f"{row}-{scaling}"
+
+
+def table1(runs: list[Run], scaling: str = "group", level: float = 0.95) -> pd.DataFrame:
+    """Table 1 for one advantage scaling: rows :data:`TABLE1_ROWS` (the routed ones are the arms
+    ``<signal>-<scaling>``), columns ``(measure, stat)`` with ``stat`` in ``mean``, ``low``,
+    ``high``: the mean over the arm's finished seeds and its t-interval (NaN bounds with one
+    seed); a last column ``("seeds", "n")`` counts them. A row no run recorded is left out."""
+    m = seed_measures(runs)
+    out, seeds = {}, {}
+    for row in TABLE1_ROWS:
+        arm = _arm_of(row, scaling)
+        if arm not in m.index.get_level_values("arm"):
+            continue
+        g = m.xs(arm, level="arm")
+        seeds[row] = len(g)
+        for c in TABLE1_COLUMNS:
+            v = g[c].dropna().to_numpy()
+            ci = t_interval(v, level) if v.size else {"mean": np.nan, "low": np.nan, "high": np.nan}
+            for stat in ("mean", "low", "high"):
+                out[row, (c, stat)] = ci[stat]
+    table = pd.Series(out).unstack(0).T if out else pd.DataFrame()
+    table = table.reindex(columns=pd.MultiIndex.from_tuples(
+        [(c, s) for c in TABLE1_COLUMNS for s in ("mean", "low", "high")]))
+    table = table.reindex([r for r in TABLE1_ROWS if r in seeds])
+    table["seeds", "n"] = pd.Series(seeds)
+    return table
+
+
+def format_table1(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """:func:`table1` as text: ``mean [low, high]`` per cell, the mean alone where there is no
+    interval (one seed, or every seed equal), ``–`` where the measure does not apply."""
+    def cell(mean, low, high):
+        if np.isnan(mean):
+            return "–"
+        if np.isnan(low) or high - low < 10 ** -(digits + 1):
+            return f"{mean:.{digits}f}"
+        return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    cols = {c: [cell(*table.loc[r, [(c, "mean"), (c, "low"), (c, "high")]]) for r in table.index]
+            for c in TABLE1_COLUMNS}
+    out = pd.DataFrame(cols, index=table.index)
+    out["seeds"] = table["seeds", "n"].astype(int)
+    return out
+
+
+def paired_seeds(runs: list[Run], a: str = "removal", b: str = "wta", scaling: str = "group",
+                 columns=TABLE1_COLUMNS) -> pd.DataFrame:
+    """Arms ``<a>-<scaling>`` and ``<b>-<scaling>`` on the seeds both finished, one row per seed;
+    columns ``(measure, a)``, ``(measure, b)``, ``(measure, "difference")`` (``a - b``).
+    Raises ``ValueError`` when no seed has both."""
+    m = seed_measures(runs)
+    arm_a, arm_b = f"{a}-{scaling}", f"{b}-{scaling}"
+    have = m.index.get_level_values("arm")
+    if arm_a not in have or arm_b not in have:
+        raise ValueError(f"no seed with finished runs of both {arm_a!r} and {arm_b!r}")
+    ma, mb = m.xs(arm_a, level="arm"), m.xs(arm_b, level="arm")
+    seeds = sorted(set(ma.index) & set(mb.index))
+    if not seeds:
+        raise ValueError(f"no seed with finished runs of both {arm_a!r} and {arm_b!r}")
+    out = {}
+    for c in columns:
+        out[c, a] = ma.loc[seeds, c].astype(float)
+        out[c, b] = mb.loc[seeds, c].astype(float)
+        out[c, "difference"] = out[c, a] - out[c, b]
+    table = pd.DataFrame(out)
+    table.index.name = "seed"
+    return table
+
+
+def power(differences, level: float = 0.95, target: float | None = None, seeds=(10,)) -> dict:
+    """What a t-interval over paired seeds can tell apart.
+
+    ``differences`` are the per-seed differences. Returns ``n``, ``mean``, ``low``, ``high``,
+    ``half_width``, ``sd``, ``excludes_zero``; ``contains_target`` (whether ``target``, e.g. the
+    paper's gap, lies inside the interval; None without a target); and for each ``k`` in
+    ``seeds`` the half-width ``half_width_<k>`` that ``k`` seeds would give at the same spread,
+    ``t_{k-1} sd / sqrt(k)``: the smallest difference from the observed mean they could exclude.
+    """
+    d = np.asarray(differences, dtype=float)
+    if d.size < 2:
+        raise ValueError("power needs the differences of at least two seeds")
+    iv = stats.paired_difference(d, np.zeros_like(d), level)
+    out = {"n": iv.n, "mean": iv.mean, "low": iv.low, "high": iv.high, "half_width": iv.half_width,
+           "sd": iv.sd, "excludes_zero": iv.excludes_zero(),
+           "contains_target": None if target is None else bool(iv.low <= target <= iv.high)}
+    for k in seeds:
+        out[f"half_width_{k}"] = float(stats.t_quantile(level, k - 1) * iv.sd / np.sqrt(k))
+    return out
+
+
+def seed_verdict(runs: list[Run], a: str = "removal", b: str = "wta", scaling: str = "group",
+                 measures=("deployed", "agents' mean", "best-of-K"), level: float = 0.95,
+                 target: float | None = None) -> pd.DataFrame:
+    """``a - b`` over the seeds both arms finished, per measure: the mean of the per-seed
+    differences with its t-interval and :func:`power` (one row per measure), plus ``below 0`` /
+    ``above 0``, the number of seeds on which ``a`` is behind / ahead."""
+    p = paired_seeds(runs, a, b, scaling, measures)
+    rows = {}
+    for c in measures:
+        d = p[c, "difference"].to_numpy()
+        rows[c] = {**power(d, level, target), "below 0": int((d < 0).sum()), "above 0": int((d > 0).sum())}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scaling: str = "group",
+                       measure: str = "deployed", level: float = 0.95) -> pd.DataFrame:
+    """The verdict ``a - b`` on ``measure`` over paired seeds, with and without the pairs whose runs
+    fail a health bar, so that no run is dropped silently.
+
+    Rows: ``every pair``; ``cut in training <= bar`` (both runs' cut share over their last five
+    updates at most ``HEALTH_BARS["truncated"]``); ``every bar`` (both runs ``healthy`` in
+    :func:`mcpg.grpo.runs.health_table`); ``and cut held-out <= bar`` (also the held-out greedy
+    answers' cut share at most the same bar). Columns: ``mean``, ``low``, ``high`` (NaN with
+    fewer than two pairs), ``pairs`` and ``left out`` (the seeds left out, named).
+    """
+    h = health_table(runs)
+    p = paired_seeds(runs, a, b, scaling, (measure,))
+    arms = (f"{a}-{scaling}", f"{b}-{scaling}")
+    bar = HEALTH_BARS["truncated"]
+    tests = {"every pair": lambda r: True,
+             "cut in training <= bar": lambda r: r["cut"] <= bar,
+             "every bar": lambda r: bool(r["healthy"]),
+             "and cut held-out <= bar": lambda r: bool(r["healthy"]) and r["cut, held-out"] <= bar}
+    rows = {}
+    for name, ok in tests.items():
+        keep = [s for s in p.index if all(ok(h.loc[(arm, s)]) for arm in arms)]
+        d = p.loc[keep, (measure, "difference")].to_numpy()
+        ci = t_interval(d, level) if d.size else {"mean": np.nan, "low": np.nan, "high": np.nan}
+        rows[name] = {"mean": ci["mean"], "low": ci["low"], "high": ci["high"], "pairs": len(keep),
+                      "left out": ", ".join(f"seed {s}" for s in p.index if s not in keep) or "none"}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def control_gains(runs: list[Run], bar: float = 0.10) -> pd.DataFrame:
+    """A grid's K = 1 controls (arm ``control``), one row per seed: the frozen and trained held-out
+    accuracy, the paired per-problem gain with its t-interval (``gain``, ``low``, ``high``),
+    whether it clears the bar (a gain of at least ``bar`` whose interval lies above 0), and the
+    share cut over the last five updates."""
+    rows = {}
+    for r in sorted((r for r in runs if r.arm == "control" and r.eval is not None),
+                    key=lambda r: r.config.get("seed", 0)):
+        g = eval_gains(r).loc["trained - frozen base"]
+        rows[int(r.config.get("seed", 0))] = {
+            "frozen": r.eval["base_accuracy"], "trained": r.eval["accuracy"], "gain": g["mean"],
+            "low": g["low"], "high": g["high"], "clears the bar": bool(g["mean"] >= bar and g["low"] > 0),
+            "cut, last 5 updates": float(r.metrics.sort_values("update")["truncated"].tail(5).mean())}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "seed"
+    return out
+
+
+def dropouts(runs: list[Run], below: float = 0.10) -> pd.DataFrame:
+    """Per finished routed run, indexed by ``(arm, seed)``: its agents right on fewer than ``below``
+    of the held-out problems at the end (``dropped``, a count, and ``agents``, their names), and
+    the lowest agent accuracy before training (``lowest start``; NaN when not recorded)."""
+    rows = {}
+    for r in runs:
+        if r.eval is None or len(r.agents) == 1:
+            continue
+        acc = np.asarray(r.eval["agent_accuracy"], dtype=float)
+        start = r.eval.get("initial_agent_accuracy")
+        rows[r.arm, int(r.config.get("seed", 0))] = {
+            "signal": r.signal, "dropped": int((acc < below).sum()),
+            "agents": ", ".join(n for n, x in zip(r.agents, acc) if x < below),
+            "lowest start": float(min(start)) if start else np.nan}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["arm", "seed"])
+    return out.sort_index()
+
+
+def cut_answer_kinds(folder: str | os.PathLike) -> pd.DataFrame:
+    """Per probed run and agent, the shares of its held-out answers cut, by kind, and its first cut
+    answer (36 characters), from the folders ``scripts/ch08_cut_answers.py`` writes under
+    ``folder`` (one per run: ``summary.json`` and ``samples.jsonl``). The answers are read through
+    :func:`mcpg.grpo.runs.probe_answers`, which refuses answers that are not the graded ones."""
+    rows, first_cut = {}, {}
+    for path in sorted(Path(folder).glob("*/summary.json")):
+        summary = json.loads(path.read_text())
+        cut = probe_answers(path.parent).query("cut")
+        for k, name in enumerate(summary["agent_names"]):
+            rows[path.parent.name, name] = summary["per_agent"][k]
+            first = cut.loc[cut["agent"] == k, "text"].head(1).tolist()
+            first_cut[path.parent.name, name] = "".join(first)[:36].replace("\n", " / ")
+    if not rows:
+        raise FileNotFoundError(f"{folder} holds no probe folder with a summary.json")
+    kinds = pd.DataFrame(rows).T.drop(columns="answers", errors="ignore")
+    kinds.columns = [c.replace("cut, ", "") for c in kinds.columns]
+    kinds["first cut answer"] = pd.Series(first_cut)
+    return kinds.rename_axis(["run", "agent"])
+
+
+def paired_seed_figure(panels: dict, a: str = "removal", b: str = "wta", ax=None):
+    """One line per seed from arm ``b`` to arm ``a``, one panel per entry of ``panels``
+    (``{title: paired}``, each a :func:`paired_seeds` frame; its first measure is drawn), with the
+    mean over seeds and its t-interval at each end. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..plotting import METHOD_COLORS
+    axes = ax if ax is not None else plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4),
+                                                 sharey=True, squeeze=False)[1][0]
+    for axis, (title, p) in zip(np.atleast_1d(axes), panels.items()):
+        measure = p.columns[0][0]
+        for seed, row in p.iterrows():
+            axis.plot([0, 1], [row[measure, b], row[measure, a]], color="0.55", lw=1, marker="o", ms=4)
+            axis.annotate(f"{seed}", (1.04, row[measure, a]), fontsize=7, va="center", color="0.4")
+        for x, arm in ((0, b), (1, a)):
+            ci = t_interval(p[measure, arm])
+            err = None if np.isnan(ci["half_width"]) else ci["half_width"]
+            axis.errorbar(x + (-0.12 if x == 0 else 0.2), ci["mean"], yerr=err, fmt="s",
+                          color=METHOD_COLORS.get(arm, "k"), capsize=4)
+        axis.set_xticks([0, 1], [b, a])
+        axis.set_xlim(-0.35, 1.35)
+        axis.set_title(f"{title} (n = {len(p)} seeds)", fontsize=9)
+    np.atleast_1d(axes)[0].set_ylabel(f"held-out {p.columns[0][0]} accuracy")
+    fig = np.atleast_1d(axes)[0].figure
+    fig.tight_layout()
+    return fig
+
+
+def arm_figure(runs: list[Run], title: str, measures=("deployed", "agents' mean", "best-of-K"),
+               order=None):
+    """A grid's routed arms on held-out measures: a dot per seed, the mean over seeds with its
+    t-interval, the frozen model as a grey line. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..plotting import METHOD_COLORS
+    m = seed_measures(runs).drop(index=["frozen", "control"], level="arm", errors="ignore")
+    arms = order or sorted(set(m.index.get_level_values("arm")))
+    fig, axes = plt.subplots(1, len(measures), figsize=(3.4 * len(measures), 3.4), sharey=True)
+    base = seed_measures(runs).xs("frozen", level="arm")["deployed"].mean()
+    for ax, c in zip(np.atleast_1d(axes), measures):
+        for x, arm in enumerate(arms):
+            g = m.xs(arm, level="arm")
+            v = g[c].to_numpy(dtype=float)
+            color = METHOD_COLORS.get(g["signal"].iloc[0], "k")
+            ax.scatter(np.full(len(v), x), v, color=color, alpha=0.5, s=16)
+            ci = t_interval(v)
+            err = None if np.isnan(ci["half_width"]) else ci["half_width"]
+            ax.errorbar(x + 0.18, ci["mean"], yerr=err, fmt="o", color=color, capsize=3)
+        ax.axhline(base, color="grey", lw=1)
+        ax.set_xticks(range(len(arms)), arms, rotation=35, ha="right")
+        ax.set_title(c)
+        ax.set_ylim(0, 1)
+    np.atleast_1d(axes)[0].set_ylabel("held-out accuracy")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def eq19_figure(sc: pd.DataFrame, title: str, ax=None):
+    """Eq. (19) from one draw (dots: deployed, crosses: not) and its exact expectation over the
+    router's draw (circles) against the exact removal contribution, on the rows of
+    :func:`mcpg.grpo.runs.slate_credit`. Corollary 3 puts the circles on the diagonal."""
+    import matplotlib.pyplot as plt
+
+    from ..plotting import METHOD_COLORS
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.6, 4.2))
+    for dep, marker in ((True, "o"), (False, "x")):
+        d = sc[sc["deployed"] == dep]
+        ax.scatter(d["oracle"], d["removal"], marker=marker, alpha=0.6, color=METHOD_COLORS["removal"],
+                   label=f"Eq. 19, one draw ({'deployed' if dep else 'not deployed'})")
+    ax.scatter(sc["oracle"], sc["removal_expected"], s=60, facecolors="none", edgecolors="black",
+               label="Eq. 19 averaged over I ~ p (exact)")
+    lim = [min(sc["oracle"].min(), sc["removal"].min()), max(sc["oracle"].max(), sc["removal"].max())]
+    ax.plot(lim, lim, color="grey", lw=1)
+    ax.set(xlabel="exact removal contribution (oracle)", ylabel="removal credit", title=title)
+    ax.legend(fontsize=8)
+    return ax.figure
