@@ -26,6 +26,7 @@ from mcpg.fields import (
     set_to_mask,
     shapley_value,
     subset_sizes,
+    unanimity_game,
 )
 
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -171,6 +172,27 @@ def test_random_game():
     w = random_game(5, 1, interaction=0.0)
     assert is_additive(w)
     np.testing.assert_allclose(w, additive_game(w[[1, 2, 4, 8, 16]]))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_unanimity_game_has_one_dividend_and_one_interacting_pair(n):
+    """v(S) = 1{T ⊆ S}: its Möbius inverse (the Harsanyi dividends) is the indicator of T."""
+    for T in range(1 << n):
+        v = unanimity_game(n, T)
+        m = v.copy()
+        for S in range(1 << n):  # m(S) = Σ_{U ⊆ S} (−1)^{|S∖U|} v(U)
+            m[S] = sum((-1) ** bin(S & ~U).count("1") * v[U] for U in range(1 << n) if U & S == U)
+        np.testing.assert_array_equal(m, np.eye(1 << n)[T])
+    # additive plus a pair: exactly the pair's two agents fail condition (ii)
+    pair = set_to_mask([0, n - 1])
+    spread = interaction_spread(additive_game(np.arange(1.0, n + 1)) + 0.3 * unanimity_game(n, pair))
+    np.testing.assert_allclose(spread, [0.3 if k in (0, n - 1) else 0.0 for k in range(n)], atol=1e-12)
+
+
+@pytest.mark.parametrize("n, T", [(2, 4), (2, -1), (-1, 0), (2, True), (2.0, 1)])
+def test_unanimity_game_refuses_bad_input(n, T):
+    with pytest.raises(ValueError, match="n must|T must"):
+        unanimity_game(n, T)
 
 
 # --- properties --------------------------------------------------------------------------

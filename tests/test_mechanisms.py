@@ -94,6 +94,44 @@ def test_finite_differences_see_a_wrong_score():
         M.finite_difference_gradients(pool, M.system_value, step=0.0)
 
 
+@pytest.mark.parametrize("blind", [False, True])
+def test_theorem1_table_columns_are_the_quantities_they_name(blind):
+    pool = M.random_routed_pool(np.random.default_rng(5), K=3, tau=0.4, eps=0.1, blind=blind)
+    table = M.theorem1_table(pool)
+    assert table.agent.tolist() == [1, 2, 3]
+    assert table[["WTA − ∇U_i", "∇J − ∇U_i − b_i"]].to_numpy().max() < 1e-12
+    assert 0 < table["FD − WTA"].max() < 1e-8  # the differencing error: small, not zero
+    np.testing.assert_allclose(table["‖b_i‖"], [np.linalg.norm(b) for b in M.winner_take_all_bias(pool)])
+    fd_J = M.finite_difference_gradients(pool, M.system_value)
+    np.testing.assert_allclose(table["‖∇_θi J‖"], [np.linalg.norm(g) for g in fd_J], rtol=1e-6)
+    # Theorem 1's candidate-blind case, and a reading router's bias of the gradient's size
+    assert (table["‖b_i‖"].max() < 1e-12) if blind else (table["‖b_i‖"].min() > 1e-3)
+
+
+def test_exact_gradient_ascent_follows_the_named_gradient():
+    pool = M.random_routed_pool(np.random.default_rng(6), K=3, tau=0.3, eps=0.1)
+    before = [t.detach().clone() for t in pool.params]
+    sys_run = M.exact_gradient_ascent(pool, "system", steps=40, lr=0.1)
+    wta_run = M.exact_gradient_ascent(pool, "wta", steps=40, lr=0.1)
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.params))  # pool untouched
+    assert sys_run[0] == wta_run[0] == pytest.approx(M.system_value(pool).item())
+    assert (np.diff(sys_run) > 0).all()  # small steps along ∇J raise J at every step
+    # one step by hand: J at θ + lr ∇U
+    theta = np.stack([t.detach().numpy() for t in pool.params]) + 0.1 * np.stack(
+        M.private_utility_gradients(pool))
+    moved = M.RoutedPool(theta, pool.candidate_reward, pool.router_scores, tau=pool.tau, eps=pool.eps)
+    assert wta_run[1] == pytest.approx(M.system_value(moved).item(), abs=1e-14)
+    assert np.abs(wta_run - sys_run).max() > 1e-4  # a reading router: the two runs part
+    # a candidate-blind router has b_i = 0, so both credits give the same run
+    blind = M.random_routed_pool(np.random.default_rng(6), K=3, tau=0.3, eps=0.1, blind=True)
+    np.testing.assert_allclose(M.exact_gradient_ascent(blind, "wta", steps=20),
+                               M.exact_gradient_ascent(blind, "system", steps=20), atol=1e-12)
+    for kw, name in (({"credit": "J"}, "credit"), ({"credit": "wta", "steps": 0}, "steps"),
+                     ({"credit": "wta", "lr": -1.0}, "lr")):
+        with pytest.raises(ValueError, match=name):
+            M.exact_gradient_ascent(pool, **kw)
+
+
 def test_candidate_reading_router_is_biased():
     pool = M.random_routed_pool(np.random.default_rng(3), K=3, tau=0.3, eps=0.0)
     assert _norm(M.winner_take_all_bias(pool)) > 1e-3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -283,6 +284,20 @@ def test_the_two_readings_of_a_bare_zero_differ_so_a_bare_int_is_refused():
     assert np.all(np.abs(none - prompt) > 1e-3)
     with pytest.raises(ValueError, match=r"q_ret\(0\).*NO_BASELINE"):
         signals.exact_estimator_variance(pool, 0)
+    # a 0-d integer array is the same bare 0; a 0-d float array is a constant
+    with pytest.raises(ValueError, match=r"q_ret\(0\).*NO_BASELINE"):
+        signals.exact_estimator_variance(pool, np.array(0))
+    np.testing.assert_array_equal(signals.exact_estimator_variance(pool, np.array(0.0)), none)
+
+
+@pytest.mark.parametrize("b, S", [(True, 1), (False, 0), (np.bool_(True), 1), (np.array(3), 3),
+                                  (torch.tensor(2), 2), (np.uint8(5), 5)])
+def test_the_refusal_suggests_a_spelling_that_is_accepted(b, S):
+    """The error names q_ret(S) with a plain int S, which q_ret itself accepts (q_ret(True) is refused)."""
+    with pytest.raises(ValueError) as err:
+        signals.baseline_tables(POOL, b)
+    assert f"write q_ret({S}) " in str(err.value)
+    signals.q_ret(S)  # the suggestion is itself valid
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -300,6 +315,10 @@ POOL = M.random_routed_pool(np.random.default_rng(0), K=2, n_prompts=1, n_action
         (lambda: signals.baseline_bias(POOL, 0), "ambiguous"),
         (lambda: signals.baseline_bias(POOL, [signals.q_ret(0), 1]), "ambiguous"),
         (lambda: signals.signal_bias(POOL, np.int64(0)), "ambiguous"),
+        (lambda: signals.baseline_bias(POOL, np.array(0)), "ambiguous"),
+        (lambda: signals.baseline_bias(POOL, np.array(True)), "ambiguous"),
+        (lambda: signals.baseline_bias(POOL, torch.tensor(0)), "ambiguous"),
+        (lambda: signals.baseline_bias(POOL, [0.0, np.array(1)]), "ambiguous"),
         (lambda: signals.q_ret(-1), "S"),
         (lambda: signals.q_ret(True), "S"),
         (lambda: signals.is_valid_baseline(POOL, 2, signals.q_ret(0)), "i"),

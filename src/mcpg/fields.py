@@ -35,6 +35,7 @@ __all__ = [
     "set_to_mask",
     "shapley_value",
     "subset_sizes",
+    "unanimity_game",
 ]
 
 
@@ -102,6 +103,22 @@ def additive_game(weights) -> np.ndarray:
     for i, wi in enumerate(w):
         _pairs(v, i)[:, 1, :] += wi
     return v
+
+
+def unanimity_game(n: int, T: int) -> np.ndarray:
+    """The unanimity game of a group T: v(S) = 1 if T ⊆ S, else 0.
+
+    Its only Harsanyi dividend is m(T) = 1 (v(S) = Σ_{U⊆S} m(U)), so ``additive_game(w) +
+    c * unanimity_game(n, T)`` with |T| = 2 is a game whose agents interact on one pair only
+    (Proposition 2 (ii) fails for the two agents of T and holds for every other agent).
+    ``T`` is a bitmask over n agents.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or not 0 <= T < 1 << n:
+        raise ValueError(f"T must be a bitmask over {n} agents, got {T!r}")
+    S = np.arange(1 << n)
+    return ((S & T) == T).astype(float)
 
 
 def random_game(n: int, rng=None, interaction: float = 1.0) -> np.ndarray:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from . import routing
@@ -56,6 +57,8 @@ __all__ = [
     "expected_conditional_variance",
     "score_function_estimate",
     "finite_difference_gradients",
+    "theorem1_table",
+    "exact_gradient_ascent",
     "proposition1_systems",
     "random_routed_pool",
 ]
@@ -548,6 +551,66 @@ def finite_difference_gradients(system: System, value, step: float = 1e-5) -> li
                 grad[idx] = (vals[0] - vals[1]) / (2 * step)
             out.append(grad)
     return out
+
+
+def theorem1_table(system: RoutedPool) -> pd.DataFrame:
+    """Theorem 1 on one routed pool, exactly: one row per agent, norms over theta_i.
+
+    Columns:
+
+    - ``WTA − ∇U_i``: ||E[1{I=i} Psi_i G] − nabla U_i||, the score-weighted sum against autograd
+      on the exact U_i. Both differentiate the same finite sum, and the router's propensities
+      do not depend on theta: an identity of the computation, which checks the code.
+    - ``∇J − ∇U_i − b_i``: the library computes E[D_i | H, A] as E[G | H, A] − p_i g_i, so this
+      is the definition of D_i, again an identity.
+    - ``FD − WTA``: central finite differences of the exact U_i
+      (:func:`finite_difference_gradients`: no autograd, no scores) against the score-weighted
+      sum. This one could fail (a wrong score, a wrong policy table); its size is the
+      differencing error.
+    - ``‖b_i‖`` (the winner-take-all bias, :func:`winner_take_all_bias`) and ``‖∇_θi J‖``.
+
+    The column ``agent`` numbers agents from 1, as the text does.
+    """
+    gJ, gU = system_gradient(system), private_utility_gradients(system)
+    b = winner_take_all_bias(system)
+    wta = [score_expectation(system, system.winner_return(i))[i] for i in range(system.n_agents)]
+    fd = finite_difference_gradients(system, private_utilities)
+    norm = np.linalg.norm
+    return pd.DataFrame({
+        "agent": np.arange(1, system.n_agents + 1),
+        "WTA − ∇U_i": [norm(w - u) for w, u in zip(wta, gU)],
+        "∇J − ∇U_i − b_i": [norm(j - u - c) for j, u, c in zip(gJ, gU, b)],
+        "FD − WTA": [norm(f - w) for f, w in zip(fd, wta)],
+        "‖b_i‖": [norm(c) for c in b],
+        "‖∇_θi J‖": [norm(j) for j in gJ],
+    })
+
+
+def exact_gradient_ascent(system: RoutedPool, credit: str, steps: int = 300,
+                          lr: float = 0.5) -> np.ndarray:
+    """J_sys along exact gradient ascent in which every agent moves at once.
+
+    ``credit="wta"``: agent i follows nabla_theta_i U_i, the expected winner-take-all update
+    (Theorem 1); ``credit="system"``: it follows nabla_theta_i J_sys. Each step rebuilds the
+    pool at the new logits (same rewards, router, prompt law and noise) and moves every
+    theta_i by ``lr`` times its gradient. Returns J_sys before each of the ``steps`` steps
+    (entry 0 is the starting pool's J_sys). ``system`` itself is not modified.
+    """
+    if credit not in ("wta", "system"):
+        raise ValueError(f"credit must be 'wta' or 'system', got {credit!r}")
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not np.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a positive number, got {lr}")
+    theta = np.stack([t.detach().numpy() for t in system.params])
+    values = np.empty(steps)
+    for k in range(steps):
+        q = RoutedPool(theta, system.candidate_reward, system.router_scores, tau=system.tau,
+                       eps=system.eps, prompt_probs=system.prompt_probs, noise=system.noise)
+        values[k] = system_value(q).item()
+        grads = private_utility_gradients(q) if credit == "wta" else system_gradient(q)
+        theta = theta + lr * np.stack(grads)
+    return values
 
 
 def retention_value(system: System, S: int) -> torch.Tensor:

@@ -89,3 +89,36 @@ def slate_diagram(p, selected: int, rewards, ax=None, names=None):
     ax.set(xlim=(-0.2, 10.5), ylim=(ys.min() - 1.0, ys.max() + 0.6))
     ax.axis("off")
     return ax
+
+
+# chapters 1-4
+
+__all__ += ["draw_field"]
+
+
+def draw_field(field, ax, lim: float, names=None, label: str = r"$\Delta_{i|S}$"):
+    """A contribution field (agents x background groups S) as a heatmap on the range [-lim, lim].
+
+    Unlike :func:`field_heatmap`, the colour range is given, so that several panels share
+    one scale (equal colours mean equal values), and the colour bar's label is set by the
+    caller. Columns are named by :func:`mcpg.signals.group_name` over ``names`` (default
+    "1", "2", ...: the text's numbering); NaN cells (i in S) are blank. Returns ``ax``.
+    """
+    import seaborn as sns
+
+    from .signals import group_name
+
+    field = np.asarray(field, dtype=float)
+    if field.ndim != 2 or field.shape[1] != 1 << field.shape[0]:
+        raise ValueError(f"field must have shape (n, 2**n), got {field.shape}")
+    if not np.isfinite(lim) or lim <= 0:
+        raise ValueError(f"lim must be a positive number, got {lim}")
+    names = list(names) if names is not None else [str(i + 1) for i in range(field.shape[0])]
+    if len(names) != field.shape[0]:
+        raise ValueError(f"names must hold one name per agent ({field.shape[0]}), got {len(names)}")
+    cols = [group_name(S, names) for S in range(field.shape[1])]
+    sns.heatmap(field, ax=ax, cmap="vlag", center=0, vmin=-lim, vmax=lim, annot=True, fmt=".2f",
+                xticklabels=cols, yticklabels=names, cbar_kws={"label": label})
+    ax.set(xlabel="background group S", ylabel="agent i")
+    ax.tick_params(axis="y", labelrotation=0)
+    return ax

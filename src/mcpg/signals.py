@@ -191,21 +191,34 @@ def conditional_expectation(system: System, X, S: int) -> np.ndarray:
     return np.broadcast_to(num / den, system.joint_shape).copy()
 
 
+def _is_bare_int(b) -> bool:
+    """An int, a bool, or a 0-d integer or boolean array or tensor: a bitmask or a constant?"""
+    if isinstance(b, (bool, int, np.integer, np.bool_)):
+        return True
+    if torch.is_tensor(b):
+        return b.ndim == 0 and not (b.is_floating_point() or b.is_complex())
+    if isinstance(b, np.ndarray):
+        return b.ndim == 0 and (np.issubdtype(b.dtype, np.integer) or b.dtype == np.bool_)
+    return False
+
+
 def baseline_tables(system: System, B: Baseline, name: str = "B") -> list[np.ndarray]:
     """One joint table per agent from a baseline argument (see the module docstring).
 
     ``q_ret(S)`` becomes q^ret(S) = E[G | H, A^(S)]; a float or a table is shared by every
-    agent; a list gives agent i its i-th entry. A bare int raises ValueError (is ``0``
-    E[G | H] or no baseline?). Returns K arrays of the joint shape.
+    agent; a list gives agent i its i-th entry. A bare int (or bool, or 0-d integer array or
+    tensor) raises ValueError (is ``0`` E[G | H] or no baseline?). Returns K arrays of the
+    joint shape.
     """
     K = system.n_agents
 
     def one(b, nm):
         if isinstance(b, RetentionBaseline):
             return mechanisms.retention_value(system, _check_group(system, b.S, nm)).numpy()
-        if isinstance(b, (bool, int, np.integer)):
+        if _is_bare_int(b):
+            S = int(b.item()) if hasattr(b, "item") else int(b)
             raise ValueError(
-                f"{nm}={b!r} is ambiguous: write q_ret({b!r}) for q^ret(S) = E[G | H, A^(S)] "
+                f"{nm}={b!r} is ambiguous: write q_ret({S}) for q^ret(S) = E[G | H, A^(S)] "
                 f"(q_ret(0) is E[G | H]), or NO_BASELINE or a float for a constant")
         return _joint(system, b, nm)
 
