@@ -85,11 +85,9 @@ def router_auc(rows: list[dict], budget: int, K: int, m: int, kinds=("basic", "c
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _provenance import machine_info
-    from ch08_record import _git
-
     from mcpg.grpo.configs import resolve_config
     from mcpg.grpo.gsm8k import extract_answer, reward
+    from mcpg.grpo.provenance import commit_state, machine_info
     from mcpg.grpo.train import Engine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "problems": len(problems), "m": a.m, "samples": len(rows), "budgets": summary,
         "router_auc": aucs,
         "command": "OMP_NUM_THREADS=1 python " + " ".join(["scripts/ch08_grid_probe.py", *sys.argv[1:]]),
-        "commit": _git("rev-parse", "HEAD"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **commit_state(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seed": a.seed, "wall_s": round(time.time() - t0), "cpu_s": round(time.process_time() - c0),
         "machine": machine_info(),
     }

@@ -252,8 +252,11 @@ def test_recorder_jobs_name_configs_that_resolve():
     # the masked grid: the stop grid's jobs in its order, each with one key more; the
     # standardised seed-0 pair (chapter 8's probe) first
     mask_jobs = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
-    assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in mask_jobs] == [
+    # (its first jobs; the ten-seed jobs follow, seeds 3 to 9 and the oracle's seeds 1 and 2)
+    first = mask_jobs[: len(stop_jobs)]
+    assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in first] == [
         (j[0], j[1], j[2].replace("grid-stop/", ""), j[4]) for j in stop_jobs]
+    assert {m[1] for m in mask_jobs[len(stop_jobs):]} == set(range(1, 10))
     assert all(m[3] == {**j[3], "mask_truncated_completions": True} for m, j in zip(mask_jobs, stop_jobs))
     assert [m[2] for m in mask_jobs[:2]] == [f"ch08/grid-mask/{s}-group/seed0" for s in ("wta", "removal")]
 

@@ -645,7 +645,7 @@ def test_reversal_record_round_trip(tmp_path):
     scripts = Path(__file__).resolve().parents[1] / "scripts"
     spec = importlib.util.spec_from_file_location("ch07_reversal", scripts / "ch07_reversal.py")
     script = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(scripts))  # as when run: the script imports _provenance beside it
+    sys.path.insert(0, str(scripts))  # as when run: the script finds modules beside it
     try:
         spec.loader.exec_module(script)
     finally:

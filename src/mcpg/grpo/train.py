@@ -155,6 +155,7 @@ from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
 from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
 from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
+from .provenance import start_run
 from .router import CandidateFeatures, Router
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "within_slate_auc", "Engine"]
@@ -805,6 +806,7 @@ def train(
                 "processes": dist.world,
             },
         )
+        start_run(out, resume=resume)  # PROVENANCE.json: commit, dirty, machine, command (per call)
     dist.barrier()
 
     from tqdm.auto import tqdm
