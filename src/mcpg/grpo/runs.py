@@ -46,19 +46,18 @@ Only numpy, pandas, :mod:`mcpg.stats` and :mod:`mcpg.grpo.objective` are importe
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .. import allocation
-from ..stats import mean_ci
-from .objective import ADVANTAGE_EPS, credit, credit_leverage, expected_advantages, group_advantages
+from ..stats import EVAL_KEYS, mean_ci
 from .objective import advantage_alignment as objective_alignment
 from .objective import advantage_by_outcome as objective_by_outcome
+from .objective import credit, credit_leverage, expected_advantages, group_advantages
+from .rundir import PER_AGENT_METRICS, SCALAR_METRICS, Run, read_comparison, read_json, read_jsonl, read_run
 
 __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_difference", "learning_curve",
            "health", "eval_table", "eval_gains", "compare_runs", "signals_over_seeds", "slate_credit",
@@ -69,116 +68,6 @@ __all__ = ["Run", "read_run", "read_comparison", "t_interval", "paired_differenc
            "NoPairedSeeds", "HEALTH_BARS", "per_problem", "MEASURES",
            "PER_AGENT_METRICS", "SCALAR_METRICS", "EVAL_KEYS"]
 
-EVAL_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
-"""Table 1's six diagnostics (paper §8), in its order."""
-
-PER_AGENT_METRICS = ("agent_accuracy", "selected_fraction", "credit_mean", "zero_std_fraction",
-                     "zero_std_reward_fraction", "loss")
-"""metrics.jsonl keys that hold one value per agent."""
-
-SCALAR_METRICS = ("reward", "oracle", "entropy", "brier", "specialization", "truncated",
-                  "completion_tokens", "clip_fraction", "router_loss", "router_slates")
-"""metrics.jsonl keys that hold one value per update."""
-
-
-@dataclass
-class Run:
-    """One recorded run directory.
-
-    Attributes:
-        path: the directory.
-        config: the resolved config (``config.json``'s ``config``).
-        signal: ``wta``, ``removal`` or ``oracle``.
-        agents: the agents' names, in the config's order (the order of every per-agent list).
-        metrics: ``metrics.jsonl`` as a frame, one row per update (lists kept as lists).
-        eval: ``eval.json`` (None when the run has not finished).
-        initial_eval: ``initial_eval.json`` (None when the config skipped it or the run predates it).
-        slates: ``slates.jsonl`` rows (empty when absent).
-        provenance: ``PROVENANCE.json`` of the directory (None when absent).
-    """
-
-    path: Path
-    config: dict
-    signal: str
-    agents: list[str]
-    metrics: pd.DataFrame
-    eval: dict | None = None
-    initial_eval: dict | None = None
-    slates: list[dict] = field(default_factory=list)
-    provenance: dict | None = None
-
-    @property
-    def label(self) -> str:
-        """A run's name in tables, ``signal``, or ``<arm> seed<k>`` for a run of a comparison
-        (a directory named ``seed<k>``) or with a seed other than 0.
-
-        The arm (:attr:`arm`) is the signal in a comparison laid out by signal; in a grid it
-        is the folder's name, so two arms of one signal and seed (``removal-group seed0`` and
-        ``removal-b0.1-group seed0``) keep apart in :func:`health` and :func:`eval_table`.
-        """
-        seed = self.config.get("seed", 0)
-        in_comparison = self.path.name.startswith("seed")
-        return f"{self.arm} seed{seed}" if seed or in_comparison else self.signal
-
-    @property
-    def arm(self) -> str:
-        """The name of the folder above ``seed<k>`` (the arm of a grid or comparison, such as
-        ``removal-group`` or ``control``), or the signal for a run outside one."""
-        return self.path.parent.name if self.path.name.startswith("seed") else self.signal
-
-    @property
-    def scale_rewards(self) -> str:
-        """The run's advantage scaling (``"group"`` for a recording that predates the key: the
-        engine's default)."""
-        return self.config.get("scale_rewards", "group")
-
-    @property
-    def advantage_eps(self) -> float:
-        """The ``eps`` of the run's standardised advantages (``ADVANTAGE_EPS``, 1e-4, for a
-        recording that predates the key)."""
-        return float(self.config.get("advantage_eps", ADVANTAGE_EPS))
-
-    @property
-    def slates_per_update(self) -> int:
-        """Slates per rollout (prompts per update times m)."""
-        return int(self.config["prompts_per_update"] * self.config["completions_per_agent"])
-
-
-def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_run(path: str | os.PathLike) -> Run:
-    """Read a run directory (``config.json`` and ``metrics.jsonl`` required; the rest optional)."""
-    path = Path(path)
-    saved = _read_json(path / "config.json")
-    if saved is None:
-        raise FileNotFoundError(f"{path} holds no config.json: not a run directory")
-    rows = _read_jsonl(path / "metrics.jsonl")
-    if not rows:
-        raise FileNotFoundError(f"{path} holds no metrics.jsonl rows")
-    cfg = saved["config"]
-    return Run(path=path, config=cfg, signal=saved["signal"], agents=[a["name"] for a in cfg["agents"]],
-               metrics=pd.DataFrame(rows), eval=_read_json(path / "eval.json"),
-               initial_eval=_read_json(path / "initial_eval.json"), slates=_read_jsonl(path / "slates.jsonl"),
-               provenance=_read_json(path / "PROVENANCE.json"))
-
-
-def read_comparison(folder: str | os.PathLike) -> list[Run]:
-    """Every run of a comparison laid out as ``<folder>/<signal>/seed<k>/``, sorted by signal and seed.
-
-    Folders without a ``config.json`` (a run still being written) are skipped.
-    """
-    folder = Path(folder)
-    runs = [read_run(f.parent) for f in folder.glob("*/seed*/config.json")
-            if (f.parent / "metrics.jsonl").is_file()]
-    return sorted(runs, key=lambda r: (r.signal, r.config.get("seed", 0)))
 
 
 def t_interval(x, level: float = 0.95) -> dict:
@@ -843,12 +732,12 @@ def probe_answers(probe: str | os.PathLike, run: Run | None = None) -> pd.DataFr
     agents.
     """
     probe = Path(probe)
-    summary = _read_json(probe / "summary.json")
+    summary = read_json(probe / "summary.json")
     if summary is None:
         raise FileNotFoundError(f"{probe} holds no summary.json: not a probe folder")
     if not summary.get("reproduces_agent_correct"):
         raise ValueError(f"{probe}: the regenerated answers do not reproduce the run's grades")
-    answers = pd.DataFrame(_read_jsonl(probe / "samples.jsonl"))
+    answers = pd.DataFrame(read_jsonl(probe / "samples.jsonl"))
     if answers.empty:
         raise ValueError(f"{probe}: samples.jsonl holds no answers")
     if run is None:

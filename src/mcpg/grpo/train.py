@@ -149,14 +149,16 @@ import torch
 from .. import routing
 from ..allocation import ExactBudget
 from ..stats import roc_auc
+from . import rundir
 from ._report import MetricsReport, check_available
-from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
+from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
 from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
 from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
 from .provenance import start_run
 from .router import CandidateFeatures, Router
+from .rundir import RunWriter
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "within_slate_auc", "Engine"]
 
@@ -727,15 +729,6 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
 # ------------------------------------------------------------------------------------------
 # the loop and the run directory
 # ------------------------------------------------------------------------------------------
-def _truncate_metrics(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    rows = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step
-    ]
-    path.write_text("".join(r + "\n" for r in rows))
-
-
 def train(
     config: str | dict,
     signal: str,
@@ -787,25 +780,16 @@ def train(
 
     engine = Engine(cfg, signal)
     dist = engine.dist
+    writer = RunWriter(out)
     if resume:
         if not ckpt.exists() and (out / "checkpoint.old").exists():
             ckpt = out / "checkpoint.old"  # interrupted while swapping checkpoints
         if ckpt.exists():
             engine.load_checkpoint(ckpt)
         if dist.main:
-            _truncate_metrics(out / "metrics.jsonl", engine.step)
-            _truncate_metrics(out / "slates.jsonl", engine.step)
+            writer.truncate(engine.step)
     if dist.main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(
-            cfg_path,
-            {
-                "config": cfg.to_dict(),
-                "signal": signal,
-                "model_source": engine.model_source,
-                "processes": dist.world,
-            },
-        )
+        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world)
         start_run(out, resume=resume)  # PROVENANCE.json: commit, dirty, machine, command (per call)
     dist.barrier()
 
@@ -817,7 +801,7 @@ def train(
         if engine.step == 0 and not init_path.exists():
             initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
             if dist.main:
-                write_json(init_path, initial)
+                writer.json(rundir.INITIAL_EVAL, initial)
         elif init_path.exists():
             initial = json.loads(init_path.read_text())
         dist.barrier()
@@ -840,13 +824,8 @@ def train(
             if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
                 row["eval"] = engine.evaluate(progress=show, base=initial)
             if dist.main:
-                with open(out / "metrics.jsonl", "a") as fh:
-                    fh.write(json.dumps(row, default=json_default) + "\n")
-                report.write(json.loads(json.dumps(row, default=json_default)))  # the row as written
-                with open(out / "slates.jsonl", "a") as fh:
-                    fh.write(
-                        json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n"
-                    )
+                line = writer.update(row, engine.last_slates)
+                report.write(json.loads(line))  # the row as written
             if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
                 engine.save_checkpoint(out / "checkpoint")
             bar.update(1)
@@ -862,7 +841,7 @@ def train(
     if dist.main:
         engine.pool.save_adapters(out / "adapters")
         engine.router.save(out / "router.safetensors")
-        write_json(out / "eval.json", result)
+        writer.json(rundir.EVAL, result)
     dist.barrier()
     return result
 
