@@ -41,12 +41,11 @@ def router_auc(rows: list[dict], budget: int, K: int, m: int, kinds=("basic", "c
     (one completion of each agent) one candidate is drawn uniformly, and only its reward is
     seen (IPW cross-entropy, :meth:`mcpg.grpo.router.Router.fit`). It is then scored on the
     other half of the problems, where every candidate's reward is known: the pooled AUC and the
-    AUC within slates (:func:`mcpg.grpo.train.within_slate_auc`), per feature set.
+    AUC within slates (:func:`mcpg.stats.within_slate_auc`), per feature set.
     """
     from mcpg.grpo.gsm8k import reward
     from mcpg.grpo.router import CandidateFeatures, Router
-    from mcpg.grpo.train import within_slate_auc
-    from mcpg.stats import roc_auc
+    from mcpg.stats import roc_auc, within_slate_auc
 
     per_problem = K * m
     n_prob = len(rows) // per_problem

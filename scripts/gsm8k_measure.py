@@ -393,7 +393,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     import torch
 
-    from mcpg.grpo.arithmetic import task_splits
+    from mcpg.grpo.arithmetic import task_split
     from mcpg.grpo.gsm8k import load_gsm8k
 
     args = parse_args(argv)
@@ -420,7 +420,7 @@ def main(argv=None) -> dict:
     index = {p["question"]: p["i"] for p in gsm}
     for p in sample_set:
         p["i"] = index[p["question"]]
-    arith = task_splits(512, 128, seed=0)[1][:args.arith_problems]
+    arith = task_split("test")[:args.arith_problems]
     arith = [{"i": i, "question": p["question"], "gold": p["gold"]} for i, p in enumerate(arith)]
     pool, source = _pool(args.model, args.seed)
     load_s = time.perf_counter() - t0

@@ -406,7 +406,7 @@ def test_advantages_scale_rewards(scale):
 
 
 def test_within_slate_auc_counts_pairs_of_one_problem():
-    from mcpg.grpo.train import within_slate_auc
+    from mcpg.stats import within_slate_auc
 
     mu = [[0.9, 0.1, 0.5], [0.2, 0.3, 0.3], [0.4, 0.6, 0.5]]
     R = [[1, 0, 0], [0, 1, 0], [1, 1, 1]]  # the last slate has no wrong candidate: no pairs

@@ -148,7 +148,7 @@ import torch
 
 from .. import routing
 from ..allocation import ExactBudget
-from ..stats import roc_auc
+from ..stats import roc_auc, within_slate_auc
 from . import rundir
 from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
@@ -160,7 +160,7 @@ from .provenance import start_run
 from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "within_slate_auc", "Engine"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
@@ -169,9 +169,9 @@ def _load_split(cfg: dict, split: str) -> list[dict]:
     n = cfg["train_problems" if split == "train" else "eval_problems"]
     if cfg["task"] == "gsm8k":
         return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
-    from .arithmetic import task_splits
+    from .arithmetic import task_split
 
-    rows = task_splits(512, 128, seed=0)[0 if split == "train" else 1]
+    rows = task_split("train" if split == "train" else "test")
     if n is not None:
         if n > len(rows):
             raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
@@ -619,22 +619,6 @@ class Engine:
             self.budget.load_state_dict(saved["budget"])
             self.budget_rng.bit_generator.state = saved["rng"]
         self.step = int(state["step"])
-
-
-def within_slate_auc(mu_hat, R) -> float | None:
-    """The router's AUC within slates: over every pair (right, wrong) of candidates of the same
-    problem, the probability that the right one has the higher ``mu_hat`` (ties one half).
-    This is what routing needs: a slate is won by ranking its own candidates. ``mu_hat`` and
-    ``R`` have shape (problems, K); None when no slate mixes right and wrong answers."""
-    mu, R = np.asarray(mu_hat, dtype=float), np.asarray(R, dtype=float) > 0
-    if mu.shape != R.shape or mu.ndim != 2:
-        raise ValueError(f"mu_hat and R must both have shape (problems, K), got {mu.shape} and {R.shape}")
-    diff = mu[:, :, None] - mu[:, None, :]  # [b, right j, wrong l]
-    pair = R[:, :, None] & ~R[:, None, :]
-    n = int(pair.sum())
-    if n == 0:
-        return None
-    return float(((diff > 0) + 0.5 * (diff == 0))[pair].sum() / n)
 
 
 def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = None) -> dict:
