@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(cfg, saved["signal"], load_train=False)
     engine.pool.load_adapters(run / "adapters")
     questions = [p["question"] for p in engine.eval_set]
-    prompts, adapters, temps, _ = engine._rows(questions, 1, with_base=False)
+    prompts, adapters, temps, _ = engine.prompt_rows(questions, 1, with_base=False)
     t0 = time.time()
     # exactly as the engine's evaluation generates them, with the run's own stop
     roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng([a.seed, 7])
     idx = rng.choice(len(engine.train_set), size=min(a.problems, len(engine.train_set)), replace=False)
     problems = [engine.train_set[i] for i in idx]
-    prompts, adapters, temps, agent_ids = engine._rows([p["question"] for p in problems], a.m)
+    prompts, adapters, temps, agent_ids = engine.prompt_rows([p["question"] for p in problems], a.m)
     t0, c0 = time.time(), time.process_time()
     torch.manual_seed(a.seed)
     roll = engine.pool.generate(prompts, adapters, temps, budgets[-1], batch_size=a.batch)

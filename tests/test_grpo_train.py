@@ -336,7 +336,7 @@ def test_untrained_agent_with_the_reference_prompt_is_the_base_model():
     cfg = resolve_config({"base": "tiny-random", "agents": SOLO, "eval_max_new_tokens": 12})
     eng = Engine(cfg, "wta")
     qs = [p["question"] for p in eng.eval_set]
-    prompts, adapters, temps, _ = eng._rows(qs, 1, with_base=True)
+    prompts, adapters, temps, _ = eng.prompt_rows(qs, 1, with_base=True)
     assert prompts[0::2] == prompts[1::2]
     roll = eng.pool.generate(prompts, adapters, temps, 12, greedy=True)
     assert roll.texts[0::2] == roll.texts[1::2]

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ._runtime import json_default, write_json
@@ -31,9 +32,8 @@ from .objective import ADVANTAGE_EPS
 
 __all__ = ["CONFIG", "PROVENANCE", "INITIAL_EVAL", "METRICS", "SLATES", "EVAL", "CHECKPOINT", "ADAPTERS",
            "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "SLATE_KEYS",
-           "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "RunWriter", "Run", "read_run", "read_comparison",
-           "read_json",
-           "read_jsonl"]
+           "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter", "Run",
+           "read_run", "read_comparison", "read_json", "read_jsonl"]
 
 CONFIG, PROVENANCE, INITIAL_EVAL = "config.json", "PROVENANCE.json", "initial_eval.json"
 METRICS, SLATES, EVAL = "metrics.jsonl", "slates.jsonl", "eval.json"
@@ -71,6 +71,54 @@ EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "r
 """Keys of an evaluation (initial_eval.json; a metrics row's ``eval``); eval.json adds
 ``signal``, ``updates`` and, with an initial evaluation, ``initial_accuracy``, ``initial_correct``,
 ``initial_agent_accuracy`` and ``initial_deployed_fraction``."""
+
+
+def _mean(x) -> float | None:
+    x = np.asarray(x, dtype=float)
+    return float(x.mean()) if x.size else None
+
+
+def metrics_row(log: dict, K: int, *, update: int, signal: str, losses: list[float], router_loss: float,
+                clip_fraction: float, router_slates: int, seconds: dict) -> dict:
+    """One metrics.jsonl row (:data:`METRICS_KEYS`; meanings: :mod:`mcpg.grpo.train`'s table) from
+    the rollout's log gathered over processes: per slate ``R`` (K), ``G``, ``I``, ``entropy``,
+    ``brier``, ``score`` (K), ``zero_std`` and ``zero_std_reward`` (K, per group), ``exact_z``,
+    ``exact_p``; per matched slate ``spec``; per completion ``len`` and ``trunc``."""
+    R, I = np.array(log["R"]), np.array(log["I"])  # noqa: E741 (the paper's name)
+    n_exact = int(np.sum(log["exact_z"]))
+    return {
+        "update": update,
+        "signal": signal,
+        "reward": _mean(log["G"]),
+        "agent_accuracy": R.mean(0).tolist(),
+        "oracle": _mean(R.max(1)),
+        "entropy": _mean(log["entropy"]),
+        "brier": _mean(log["brier"]),
+        "specialization": _mean(log["spec"]),
+        "selected_fraction": [float((I == k).mean()) for k in range(K)],
+        "credit_mean": np.array(log["score"]).mean(0).tolist(),
+        "exact_evaluations": n_exact,
+        "feedback_cost": n_exact * (K - 1),
+        "exact_share": n_exact / len(log["exact_z"]),
+        "exact_share_expected": _mean(log["exact_p"]),
+        "loss": losses,
+        "router_loss": router_loss,
+        "completion_tokens": _mean(log["len"]),
+        "truncated": _mean(log["trunc"]),
+        "zero_std_fraction": np.array(log["zero_std"], dtype=float).mean(0).tolist(),
+        "zero_std_reward_fraction": np.array(log["zero_std_reward"], dtype=float).mean(0).tolist(),
+        "clip_fraction": clip_fraction,
+        "router_slates": router_slates,
+        "seconds": seconds,
+    }
+
+
+def slates_row(log: dict, budget: bool) -> dict:
+    """The update's slates.jsonl entries (:data:`SLATE_KEYS`, and :data:`SLATE_BUDGET_KEYS` on an
+    exact budget) from the same gathered log: every candidate's reward is known here, so
+    Eq. (19) can be checked against the exact removal contribution on real LLM slates."""
+    keys = SLATE_KEYS + (SLATE_BUDGET_KEYS if budget else ())
+    return {k: log[k] for k in keys}
 
 
 class RunWriter:
