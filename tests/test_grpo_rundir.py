@@ -83,3 +83,42 @@ def test_writer_truncates_to_the_checkpoint(tmp_path):
     w.truncate(2)
     assert [r["update"] for r in _rows(tmp_path / rundir.METRICS)] == [1, 2]
     assert [r["R"] for r in _rows(tmp_path / rundir.SLATES)] == [[[1]], [[2]]]
+
+
+def test_slates_reshape_rows_and_back():
+    """Row b*K*m + k*m + g (problem b, agent k, completion g) is slate (b, g), candidate k."""
+    import numpy as np
+    import torch
+
+    from mcpg.grpo.slates import Slates
+
+    B, m, K = 2, 3, 4
+    s = Slates(B, m, K)
+    rows = np.arange(B * K * m)
+    x = s.from_rows(rows)
+    for b in range(B):
+        for k in range(K):
+            for g in range(m):
+                assert x[b, g, k] == b * K * m + k * m + g
+    assert (s.to_rows(x) == rows).all()
+    assert s.logged(x).shape == (B * m, K) and (s.logged(x)[m + 1] == x[1, 1]).all()
+    feats = torch.arange(B * K * m * 5).reshape(-1, 5)
+    t = s.from_rows(feats)
+    assert t.shape == (B, m, K, 5) and torch.equal(t[1, 2, 3], feats[1 * K * m + 3 * m + 2])
+    assert torch.equal(s.to_rows(t), feats)
+
+
+def test_metrics_row_reads_the_gathered_log():
+    """Two slates of K = 2 by hand: every declared key, each from its own entries of the log."""
+    log = {"R": [[1.0, 0.0], [0.0, 0.0]], "G": [1.0, 0.0], "I": [0, 1], "entropy": [0.5, 0.7],
+           "brier": [0.1, 0.3], "spec": [1], "len": [3.0, 5.0, 7.0, 9.0], "trunc": [0.0, 1.0, 0.0, 0.0],
+           "score": [[1.0, 0.0], [0.0, 0.5]], "zero_std": [[0, 1]], "zero_std_reward": [[0, 1]],
+           "exact_z": [1, 0], "exact_p": [0.5, 0.25]}
+    row = rundir.metrics_row(log, 2, update=3, signal="removal", losses=[0.1, 0.2], router_loss=0.6,
+                             clip_fraction=0.0, router_slates=6, seconds={"total": 1.0})
+    assert list(row) == [k for k in row if k in rundir.METRICS_KEYS] and set(row) == set(rundir.METRICS_KEYS)
+    assert row["reward"] == 0.5 and row["oracle"] == 0.5 and row["agent_accuracy"] == [0.5, 0.0]
+    assert row["selected_fraction"] == [0.5, 0.5] and row["credit_mean"] == [0.5, 0.25]
+    assert (row["exact_evaluations"], row["feedback_cost"], row["exact_share"]) == (1, 1, 0.5)
+    assert row["exact_share_expected"] == 0.375 and row["truncated"] == 0.25 and row["completion_tokens"] == 6
+    assert row["zero_std_fraction"] == [0.0, 1.0] and row["specialization"] == 1.0

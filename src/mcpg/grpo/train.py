@@ -30,9 +30,10 @@ specialization (the fraction of keyword-matched problems deployed to the agent w
 specialty), oracle accuracy (some candidate is right), regret (oracle - accuracy), and
 the frozen base model's greedy accuracy as the single-agent reference.
 
-Run directory::
+Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`)::
 
     config.json          the resolved config, the signal, where the model came from
+    PROVENANCE.json      commit, dirty, machine, command; one entry per call (mcpg.grpo.provenance)
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
     slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score,
