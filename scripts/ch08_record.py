@@ -6,7 +6,10 @@ with an ``eval.json`` is done). ``--parallel`` jobs run at once, each on one tor
 When a job finishes, its ``config.json``, ``initial_eval.json``, ``metrics.jsonl``,
 ``slates.jsonl`` and ``eval.json`` (not the weights) are copied to
 ``data/results/ch08/<what>/...`` with a ``PROVENANCE.json``: the command, the commit, the
-machine, the date, the seed, wall time and CPU time.
+machine, the date, the seed, wall time and CPU time. The commit, dirty flag, machine and start
+are the run's own record when its code writes one (``train`` does since issue 47:
+:mod:`mcpg.grpo.provenance`); for older code (a recording at an earlier commit, ``--code``) the
+recorder takes them itself, with the same ``commit_state``; either way the file has one schema.
 
     python scripts/ch08_record.py control                 # data/results/ch08/control
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
