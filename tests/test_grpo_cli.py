@@ -312,7 +312,7 @@ def test_cut_answers_generate_as_the_run_evaluated(tmp_path, monkeypatch, stop):
             self.K, self.pool = 2, Pool()
             self.eval_set = [{"question": "q0", "gold": 5.0}, {"question": "q1", "gold": 6.0}]
 
-        def _rows(self, questions, m, with_base):
+        def prompt_rows(self, questions, m, with_base):
             return [q for q in questions for _ in range(self.K)], [0, 1] * 2, [0.5, 0.7] * 2, None
 
     monkeypatch.setattr(train, "Engine", FakeEngine)
