@@ -27,9 +27,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-from _provenance import commit, machine
 
 from mcpg.grpo import simulated as sim
+from mcpg.grpo.provenance import commit_state, machine_info
 
 OUT = Path("data/results/ch07/grid.json")
 SEEDS = list(range(100, 130))
@@ -72,9 +72,9 @@ def main() -> None:
     data.update(
         {
             "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            "commit": commit(),
+            **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": machine(),
+            "machine": machine_info(),
             "seeds": SEEDS,
             "axes": AXES,
             "base_config": {k: v for k, v in asdict(base).items()},

@@ -38,9 +38,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from _provenance import commit, machine
-
 from mcpg.grpo import simulated as sim
+from mcpg.grpo.provenance import commit_state, machine_info
 
 OUT = Path("data/results/ch07/reversal.json")
 SEEDS = list(range(300, 330))
@@ -96,9 +95,9 @@ def main() -> None:
             for r in data["results"]}
     data.update({
         "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python " + " ".join(sys.argv),
-        "commit": commit(),
+        **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": machine(),
+        "machine": machine_info(),
         "seeds": SEEDS,
         "cells": CELLS,
         "weak_answer_probs": [list(r) for r in WEAK],

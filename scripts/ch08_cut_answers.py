@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -34,8 +33,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by path, it finds _provenance
-from _provenance import machine_info  # noqa: E402
+from mcpg.grpo.provenance import commit_state, machine_info
 
 KINDS = ("finished answer line", "marker, line unfinished", "no marker")
 
@@ -82,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(cfg, saved["signal"], load_train=False)
     engine.pool.load_adapters(run / "adapters")
     questions = [p["question"] for p in engine.eval_set]
-    prompts, adapters, temps, _ = engine._rows(questions, 1, with_base=False)
+    prompts, adapters, temps, _ = engine.prompt_rows(questions, 1, with_base=False)
     t0 = time.time()
     # exactly as the engine's evaluation generates them, with the run's own stop
     roll = engine.pool.generate(prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True,
@@ -100,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k in range(K)] for b in range(len(golds))]
     recorded = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
     code = Path(mcpg.__file__).resolve().parents[2]
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=code, capture_output=True, text=True)
-    commit = git.stdout.strip()
+    state = commit_state(code)
     shares = summarise(rows, engine.K)
     summary = {
         "what": "the held-out greedy answers of a finished run's agents, cut ones sorted by kind",
@@ -117,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         "eval_max_new_tokens": cfg["eval_max_new_tokens"],
         **shares,
         "command": "OMP_NUM_THREADS=1 python " + " ".join(["scripts/ch08_cut_answers.py", *sys.argv[1:]]),
-        "code_commit": commit,  # the code imported (PYTHONPATH), not necessarily this script's
+        # the code imported (PYTHONPATH), not necessarily this script's
+        "commit": state["commit"], "dirty": state["dirty"],
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t0),
         "machine": machine_info(),

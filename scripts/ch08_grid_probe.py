@@ -41,12 +41,11 @@ def router_auc(rows: list[dict], budget: int, K: int, m: int, kinds=("basic", "c
     (one completion of each agent) one candidate is drawn uniformly, and only its reward is
     seen (IPW cross-entropy, :meth:`mcpg.grpo.router.Router.fit`). It is then scored on the
     other half of the problems, where every candidate's reward is known: the pooled AUC and the
-    AUC within slates (:func:`mcpg.grpo.train.within_slate_auc`), per feature set.
+    AUC within slates (:func:`mcpg.stats.within_slate_auc`), per feature set.
     """
     from mcpg.grpo.gsm8k import reward
     from mcpg.grpo.router import CandidateFeatures, Router
-    from mcpg.grpo.train import within_slate_auc
-    from mcpg.stats import roc_auc
+    from mcpg.stats import roc_auc, within_slate_auc
 
     per_problem = K * m
     n_prob = len(rows) // per_problem
@@ -85,11 +84,9 @@ def router_auc(rows: list[dict], budget: int, K: int, m: int, kinds=("basic", "c
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _provenance import machine_info
-    from ch08_record import _git
-
     from mcpg.grpo.configs import resolve_config
     from mcpg.grpo.gsm8k import extract_answer, reward
+    from mcpg.grpo.provenance import commit_state, machine_info
     from mcpg.grpo.train import Engine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng([a.seed, 7])
     idx = rng.choice(len(engine.train_set), size=min(a.problems, len(engine.train_set)), replace=False)
     problems = [engine.train_set[i] for i in idx]
-    prompts, adapters, temps, agent_ids = engine._rows([p["question"] for p in problems], a.m)
+    prompts, adapters, temps, agent_ids = engine.prompt_rows([p["question"] for p in problems], a.m)
     t0, c0 = time.time(), time.process_time()
     torch.manual_seed(a.seed)
     roll = engine.pool.generate(prompts, adapters, temps, budgets[-1], batch_size=a.batch)
@@ -157,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "problems": len(problems), "m": a.m, "samples": len(rows), "budgets": summary,
         "router_auc": aucs,
         "command": "OMP_NUM_THREADS=1 python " + " ".join(["scripts/ch08_grid_probe.py", *sys.argv[1:]]),
-        "commit": _git("rev-parse", "HEAD"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **commit_state(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seed": a.seed, "wall_s": round(time.time() - t0), "cpu_s": round(time.process_time() - c0),
         "machine": machine_info(),
     }

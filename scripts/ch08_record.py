@@ -6,7 +6,10 @@ with an ``eval.json`` is done). ``--parallel`` jobs run at once, each on one tor
 When a job finishes, its ``config.json``, ``initial_eval.json``, ``metrics.jsonl``,
 ``slates.jsonl`` and ``eval.json`` (not the weights) are copied to
 ``data/results/ch08/<what>/...`` with a ``PROVENANCE.json``: the command, the commit, the
-machine, the date, the seed, wall time and CPU time.
+machine, the date, the seed, wall time and CPU time. The commit, dirty flag, machine and start
+are the run's own record when its code writes one (``train`` does since issue 47:
+:mod:`mcpg.grpo.provenance`); for older code (a recording at an earlier commit, ``--code``) the
+recorder takes them itself, with the same ``commit_state``; either way the file has one schema.
 
     python scripts/ch08_record.py control                 # data/results/ch08/control
     python scripts/ch08_record.py compare --parallel 2    # data/results/ch08/compare/<signal>/seed<k>
@@ -57,12 +60,11 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # loaded by path (the tests), it still finds _provenance
-from _provenance import machine_info  # noqa: E402
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's library, wherever the script is started
+from mcpg.grpo.provenance import commit_state, machine_info, now, recorded_provenance, write_provenance  # noqa: E402
 
 RESULTS = ROOT / "data" / "results"
 PARKED = ROOT / "data" / "recording"
@@ -163,10 +165,6 @@ def _job(job: tuple, what: str) -> tuple[str, int, str, dict, str]:
     return signal, seed, rel, overrides, rest[1] if len(rest) > 1 else what
 
 
-def _git(*args: str, code: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=code, capture_output=True, text=True).stdout.strip()
-
-
 def _command(what: str, signal: str, seed: int, run: Path, overrides: dict | None = None,
              code: Path = ROOT) -> list[str]:
     """The train command; the config is ``data/configs/ch08-<what>.json`` of the checkout
@@ -207,8 +205,12 @@ def _updates_seconds(run: Path) -> float:
 
 def _record(
     what: str, signal: str, seed: int, run: Path, dest: Path, cmd: list[str], started: str, wall: float,
-    commit: str, dirty: bool, overrides: dict | None = None,
+    commit: str, dirty: bool, overrides: dict | None = None, machine: dict | None = None,
 ) -> None:
+    """Copy the run's files to ``dest`` with its PROVENANCE.json: the run's own record of its
+    code (commit, dirty, machine, start of its last call), when the code it ran writes one,
+    else what this recorder saw when it started the call (``commit``, ``dirty``, ``started``,
+    ``machine``); plus this recorder's timings (:func:`mcpg.grpo.provenance.recorded_provenance`)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -224,17 +226,18 @@ def _record(
         "dirty": dirty,
         "commit_note": "HEAD when the run (its last call, if resumed) started: the code it imported",
         "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished": now(),
         "seed": seed,
         "wall_s": round(wall),
         **_times(run.with_suffix(".time")),
         "updates_s": round(_updates_seconds(run)),
         "note": "wall and CPU time of this call (a resumed run counts its last call only); updates_s: the "
                 "wall time of all the run's updates (metrics.jsonl's seconds), every call; one torch thread",
-        "machine": machine_info(),
+        "machine": machine or machine_info(),
         "copied": list(COPIED) + ["(not the adapter or router weights)"],
     }
-    (dest / "PROVENANCE.json").write_text(json.dumps(prov, indent=1) + "\n")
+    fallback = {"commit": commit, "dirty": dirty, "started": started, "machine": prov["machine"]}
+    write_provenance(dest / "PROVENANCE.json", recorded_provenance(run, prov, fallback))
 
 
 def _updates_done(run: Path) -> int:
@@ -361,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (code / "src" / "mcpg" / "grpo").is_dir():
         ap.error(f"--code {code} is not a checkout of this repository (no src/mcpg/grpo)")
     env["PYTHONPATH"] = os.pathsep.join([str(code / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    head = _git("rev-parse", "HEAD", code=code)
+    head = commit_state(code)["commit"]
     if a.what in ONE_COMMIT:  # one recording, one commit
         recorded = [f for d in ONE_COMMIT[a.what] for f in (results / d).glob("*/seed*/PROVENANCE.json")]
         commits = {json.loads(f.read_text()).get("commit") for f in recorded}
@@ -380,28 +383,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"restored {rel} from {PARKED / rel} at update {_updates_done(run)}", flush=True)
             cmd = _command(config, signal, seed, run, overrides, code)
             log = open(run.with_suffix(".log"), "a")
-            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            started = now()
             timer = (
                 ["/usr/bin/time", "-v", "-o", str(run.with_suffix(".time"))]
                 if Path("/usr/bin/time").exists()
                 else []
             )
             proc = subprocess.Popen(timer + cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
-            commit = _git("rev-parse", "HEAD", code=code)
-            dirty = bool(_git("status", "--porcelain", "--untracked-files=no", code=code))
-            running.append((proc, signal, seed, rel, run, cmd, started, time.time(), commit, dirty, overrides,
-                            config))
+            state = commit_state(code)  # the code's own record, when it writes one, takes precedence
+            running.append((proc, signal, seed, rel, run, cmd, started, time.time(), state, machine_info(),
+                            overrides, config))
             print(f"started {rel}: {' '.join(cmd[3:])}", flush=True)
         time.sleep(5)
         for job in list(running):
-            proc, signal, seed, rel, run, cmd, started, t0, commit, dirty, overrides, config = job
+            proc, signal, seed, rel, run, cmd, started, t0, state, machine, overrides, config = job
             if proc.poll() is None:
                 continue
             running.remove(job)
             if proc.returncode == 0 and (run / "eval.json").exists():
                 wall = time.time() - t0
-                _record(config, signal, seed, run, results / rel, cmd, started, wall, commit, dirty,
-                        overrides)
+                _record(config, signal, seed, run, results / rel, cmd, started, wall, state["commit"],
+                        state["dirty"], overrides, machine)
                 print(f"recorded {rel} in {time.time() - t0:.0f} s", flush=True)
                 if (PARKED / rel).exists():  # its parked copy has served
                     shutil.rmtree(PARKED / rel)

@@ -34,9 +34,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-from _provenance import commit, machine
 
 from mcpg.grpo import simulated as sim
+from mcpg.grpo.provenance import commit_state, machine_info
 
 OUT = Path("data/results/ch09/budget.json")
 SEEDS = list(range(200, 230))
@@ -105,9 +105,9 @@ def main() -> None:
     data.update(
         {
             "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            "commit": commit(),
+            **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": machine(),
+            "machine": machine_info(),
             "seeds": seeds,
             "budgets": BUDGETS,
             "allocations": ALLOCATIONS,

@@ -413,8 +413,9 @@ def grpo_run(
 ) -> dict:
     """GRPO updates until ``deadline`` (session seconds) leaves room for one more update and the
     evaluation; checkpoint after each; eval.json at the end when it fits."""
-    from mcpg.grpo._runtime import json_default, write_json
+    from mcpg.grpo import rundir
     from mcpg.grpo.configs import resolve_config
+    from mcpg.grpo.provenance import start_run
     from mcpg.grpo.train import Engine
 
     cfg = resolve_config(cfg_over, model=model)
@@ -425,9 +426,10 @@ def grpo_run(
     t = time.perf_counter()
     eng = Engine(cfg, signal)
     load = time.perf_counter() - t
-    meta = {"config": cfg.to_dict(), "signal": signal, "model_source": eng.model_source, "processes": 1}
-    for folder in (run, out):
-        write_json(folder / "config.json", meta)
+    writers = [rundir.RunWriter(folder) for folder in (run, out)]  # the run directory, and its copy
+    for w in writers:
+        w.config(cfg.to_dict(), signal, eng.model_source, 1)
+        start_run(w.folder)
     update_s: list[float] = []
     est_eval = 0.0
     while eng.step < cfg["updates"]:
@@ -439,10 +441,8 @@ def grpo_run(
         eng.save_checkpoint(run / "checkpoint")
         update_s.append(time.perf_counter() - t)
         est_eval = max(est_eval, eval_estimate(cfg, eng, row["seconds"]["rollout"]))
-        line = json.dumps(row, default=json_default) + "\n"
-        for folder in (run, out):
-            with open(folder / "metrics.jsonl", "a") as fh:
-                fh.write(line)
+        for w in writers:
+            w.update(row, eng.last_slates)
     res = {
         "updates": eng.step,
         "load_s": load,
@@ -454,8 +454,8 @@ def grpo_run(
         t = time.perf_counter()
         ev = {**eng.evaluate(), "signal": signal, "updates": eng.step}
         res["eval_s"] = time.perf_counter() - t
-        for folder in (run, out):
-            write_json(folder / "eval.json", ev)
+        for w in writers:
+            w.json(rundir.EVAL, ev)
         res.update(accuracy=ev["accuracy"], base_accuracy=ev["base_accuracy"], eval_n=ev["n"])
     else:
         res["eval"] = "skipped: no time left for the evaluation"

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -51,12 +50,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "scripts"))  # loaded by path (the tests), it still finds _provenance
-
-from _provenance import machine_info  # noqa: E402
 
 from mcpg.grpo.gsm8k import is_correct, reward  # noqa: E402
 from mcpg.grpo.headroom import cut_completion, no_right_share, pass_at_k, wilson_interval  # noqa: E402
+from mcpg.grpo.provenance import commit_state, machine_info  # noqa: E402
 
 MODES = ("strict", "flexible", "committed")
 PHASES = ("arith_greedy", "arith_samples", "greedy", "samples")
@@ -258,14 +255,6 @@ def samples_summary(rows: list[dict], n_samples: int, temperature: float, max_ne
     return out
 
 
-def _git(*cmd) -> str | None:
-    try:
-        done = subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True)
-        return done.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def summarize(out: Path, args) -> dict:
     """Rewrite ``summary.json`` from the jsonl files (and the provenance file)."""
     rows = {p: read_rows(out / f"{p}.jsonl") for p in PHASES}
@@ -405,7 +394,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     import torch
 
-    from mcpg.grpo.arithmetic import task_splits
+    from mcpg.grpo.arithmetic import task_split
     from mcpg.grpo.gsm8k import load_gsm8k
 
     args = parse_args(argv)
@@ -432,19 +421,18 @@ def main(argv=None) -> dict:
     index = {p["question"]: p["i"] for p in gsm}
     for p in sample_set:
         p["i"] = index[p["question"]]
-    arith = task_splits(512, 128, seed=0)[1][:args.arith_problems]
+    arith = task_split("test")[:args.arith_problems]
     arith = [{"i": i, "question": p["question"], "gold": p["gold"]} for i, p in enumerate(arith)]
     pool, source = _pool(args.model, args.seed)
     load_s = time.perf_counter() - t0
     prov_path = out / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.exists() else {}
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
     prov.update({
         "what": "frozen model, greedy accuracy and sampled headroom (pass@k) on GSM8K test and on "
                 "chapter 8's arithmetic task (mcpg.grpo.arithmetic.task_splits(512, 128, seed=0) held-out)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]) if argv is None
         else "gsm8k_measure.main(" + repr(argv) + ")",
-        "commit": _git("rev-parse", "HEAD"), "dirty": bool(dirty),
+        **commit_state(ROOT),
         "model": args.model, "model_source": str(source), "dtype": "float32",
         "prompt": "AgentPool.prompt(question, None): the engine's frozen reference (base_accuracy)",
         "example_prompt": pool.prompt("<question>", None),

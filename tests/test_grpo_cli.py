@@ -252,8 +252,11 @@ def test_recorder_jobs_name_configs_that_resolve():
     # the masked grid: the stop grid's jobs in its order, each with one key more; the
     # standardised seed-0 pair (chapter 8's probe) first
     mask_jobs = [rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"]]
-    assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in mask_jobs] == [
+    # (its first jobs; the ten-seed jobs follow, seeds 3 to 9 and the oracle's seeds 1 and 2)
+    first = mask_jobs[: len(stop_jobs)]
+    assert [(m[0], m[1], m[2].replace("grid-mask/", ""), m[4]) for m in first] == [
         (j[0], j[1], j[2].replace("grid-stop/", ""), j[4]) for j in stop_jobs]
+    assert {m[1] for m in mask_jobs[len(stop_jobs):]} == set(range(1, 10))
     assert all(m[3] == {**j[3], "mask_truncated_completions": True} for m, j in zip(mask_jobs, stop_jobs))
     assert [m[2] for m in mask_jobs[:2]] == [f"ch08/grid-mask/{s}-group/seed0" for s in ("wta", "removal")]
 
@@ -309,7 +312,7 @@ def test_cut_answers_generate_as_the_run_evaluated(tmp_path, monkeypatch, stop):
             self.K, self.pool = 2, Pool()
             self.eval_set = [{"question": "q0", "gold": 5.0}, {"question": "q1", "gold": 6.0}]
 
-        def _rows(self, questions, m, with_base):
+        def prompt_rows(self, questions, m, with_base):
             return [q for q in questions for _ in range(self.K)], [0, 1] * 2, [0.5, 0.7] * 2, None
 
     monkeypatch.setattr(train, "Engine", FakeEngine)

@@ -97,12 +97,16 @@ def test_t_interval_covers_at_its_level():
 
 
 def test_paired_difference():
+    from mcpg import stats
+    from mcpg.grpo.heldout import paired_row
+
+    assert paired_difference is stats.paired_difference  # one paired difference, re-exported
     a, b = [1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1]
-    d = paired_difference(a, b)
+    d = paired_row(a, b)
     assert d["mean"] == pytest.approx(np.mean(a) - np.mean(b)) and d["mean_a"] == pytest.approx(4 / 6)
     assert d == {**d, **t_interval(np.subtract(a, b))}
     with pytest.raises(ValueError):
-        paired_difference([1, 0], [1, 0, 1])
+        paired_row([1, 0], [1, 0, 1])
 
 
 def test_read_run_learning_curve_and_health(tmp_path):
@@ -341,7 +345,7 @@ def test_expected_advantage(tmp_path):
 
 def test_advantage_alignment_of_a_run(tmp_path):
     """The run-level table pools all updates' groups into one call of the objective's function."""
-    from mcpg.grpo.objective import advantage_alignment as on_groups
+    from mcpg.grpo.slate_diagnostics import group_alignment as on_groups
     slates = _slates(np.random.default_rng(6), n_updates=3)
     run = read_run(_write_run(tmp_path / "r", slates=slates))
     table = advantage_alignment(run)
@@ -362,8 +366,8 @@ def test_advantage_alignment_of_a_run(tmp_path):
 
 def test_advantage_by_outcome_of_a_run(tmp_path):
     """The run-level table pools all updates' groups into one call of the objective's function."""
-    from mcpg.grpo.objective import OUTCOMES
-    from mcpg.grpo.objective import advantage_by_outcome as on_groups
+    from mcpg.grpo.slate_diagnostics import OUTCOMES
+    from mcpg.grpo.slate_diagnostics import group_by_outcome as on_groups
     slates = _slates(np.random.default_rng(7), n_updates=3)
     run = read_run(_write_run(tmp_path / "r", slates=slates))
     table = advantage_by_outcome(run, scalings=("none",))

@@ -581,7 +581,8 @@ def test_expected_advantages_matches_monte_carlo_and_is_biased_when_standardised
 def test_advantage_moments_and_alignment_match_monte_carlo(signal, scale):
     """Both moments over the router's draws, and the pooled correlation of A with R, against
     simulated draws (40,000 per group, 5 standard errors)."""
-    from mcpg.grpo.objective import advantage_alignment, advantage_moments
+    from mcpg.grpo.slate_diagnostics import advantage_moments
+    from mcpg.grpo.slate_diagnostics import group_alignment as advantage_alignment
     rng = np.random.default_rng(11)
     p, P, mu = _random_slates(rng, (3, 4))
     R = (rng.random((3, 4, 3)) < 0.4).astype(float)
@@ -606,7 +607,8 @@ def test_advantage_moments_and_alignment_match_monte_carlo(signal, scale):
 def test_advantage_alignment_exact_cases(seed):
     """The oracle does not depend on the draw; centred winner-take-all's expected advantage is
     the centred ``p_i R_i``; a reward that does not vary has no correlation."""
-    from mcpg.grpo.objective import advantage_alignment, advantage_moments
+    from mcpg.grpo.slate_diagnostics import advantage_moments
+    from mcpg.grpo.slate_diagnostics import group_alignment as advantage_alignment
     rng = np.random.default_rng(seed)
     p, P, mu = _random_slates(rng, (4, 3))
     R = (rng.random((4, 3, 3)) < 0.5).astype(float)
@@ -645,7 +647,7 @@ def test_reversal_record_round_trip(tmp_path):
     scripts = Path(__file__).resolve().parents[1] / "scripts"
     spec = importlib.util.spec_from_file_location("ch07_reversal", scripts / "ch07_reversal.py")
     script = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(scripts))  # as when run: the script imports _provenance beside it
+    sys.path.insert(0, str(scripts))  # as when run: the script finds modules beside it
     try:
         spec.loader.exec_module(script)
     finally:
@@ -715,7 +717,8 @@ def test_advantage_by_outcome_on_a_hand_computed_group():
     """K = 2 agents at p = (1/2, 1/2), one group of m = 2 slates; agent 0 alone is right on the
     first slate. Exact removal contributions: +1/2 (agent 0) and -1/2 (agent 1) there, 0 on
     the second slate; centred, +-1/4 everywhere, so the rms is 1/4."""
-    from mcpg.grpo.objective import OUTCOMES, advantage_by_outcome
+    from mcpg.grpo.slate_diagnostics import OUTCOMES
+    from mcpg.grpo.slate_diagnostics import group_by_outcome as advantage_by_outcome
     s = np.zeros((1, 2, 2))
     p = routing.router_propensities(s, tau=0.5, eps=0.1)
     P = routing.leave_one_out_propensities(s, tau=0.5, eps=0.1)
@@ -743,7 +746,7 @@ def test_advantage_by_outcome_on_a_hand_computed_group():
 def test_advantage_by_outcome_centred_kinds_balance(seed, signal):
     """Centred advantages sum to 0 within every group, so the kinds' share-weighted means do
     too; the shares are a partition of the completions."""
-    from mcpg.grpo.objective import advantage_by_outcome
+    from mcpg.grpo.slate_diagnostics import group_by_outcome as advantage_by_outcome
     rng = np.random.default_rng(seed)
     p, P, mu = _random_slates(rng, (6, 3))
     R = (rng.random((6, 3, 3)) < 0.4).astype(float)

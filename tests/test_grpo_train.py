@@ -336,7 +336,7 @@ def test_untrained_agent_with_the_reference_prompt_is_the_base_model():
     cfg = resolve_config({"base": "tiny-random", "agents": SOLO, "eval_max_new_tokens": 12})
     eng = Engine(cfg, "wta")
     qs = [p["question"] for p in eng.eval_set]
-    prompts, adapters, temps, _ = eng._rows(qs, 1, with_base=True)
+    prompts, adapters, temps, _ = eng.prompt_rows(qs, 1, with_base=True)
     assert prompts[0::2] == prompts[1::2]
     roll = eng.pool.generate(prompts, adapters, temps, 12, greedy=True)
     assert roll.texts[0::2] == roll.texts[1::2]
@@ -406,7 +406,7 @@ def test_advantages_scale_rewards(scale):
 
 
 def test_within_slate_auc_counts_pairs_of_one_problem():
-    from mcpg.grpo.train import within_slate_auc
+    from mcpg.stats import within_slate_auc
 
     mu = [[0.9, 0.1, 0.5], [0.2, 0.3, 0.3], [0.4, 0.6, 0.5]]
     R = [[1, 0, 0], [0, 1, 0], [1, 1, 1]]  # the last slate has no wrong candidate: no pairs

@@ -35,6 +35,7 @@ __all__ = [
     "format_interval",
     "format_bounds",
     "roc_auc",
+    "within_slate_auc",
 ]
 
 EVAL_KEYS: tuple[str, ...] = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret")
@@ -232,3 +233,19 @@ def roc_auc(scores, labels) -> float | None:
         ranks[order[i:j + 1]] = 0.5 * (i + j) + 1.0
         i = j + 1
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def within_slate_auc(mu_hat, R) -> float | None:
+    """The router's AUC within slates: over every pair (right, wrong) of candidates of the same
+    problem, the probability that the right one has the higher ``mu_hat`` (ties one half).
+    This is what routing needs: a slate is won by ranking its own candidates. ``mu_hat`` and
+    ``R`` have shape (problems, K); None when no slate mixes right and wrong answers."""
+    mu, R = np.asarray(mu_hat, dtype=float), np.asarray(R, dtype=float) > 0
+    if mu.shape != R.shape or mu.ndim != 2:
+        raise ValueError(f"mu_hat and R must both have shape (problems, K), got {mu.shape} and {R.shape}")
+    diff = mu[:, :, None] - mu[:, None, :]  # [b, right j, wrong l]
+    pair = R[:, :, None] & ~R[:, None, :]
+    n = int(pair.sum())
+    if n == 0:
+        return None
+    return float(((diff > 0) + 0.5 * (diff == 0))[pair].sum() / n)

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..stats import SPECIALTIES  # the one definition (money, time, geometry); re-exported here
 
-__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "task_splits", "write_task"]
+__all__ = ["SPECIALTIES", "OPERATIONS", "make_problem", "generate_problems", "task_splits", "task_split",
+           "write_task"]
 
 OPERATIONS: tuple[str, ...] = ("add", "sub", "add_sub")
 """``add``: a + b; ``sub``: a - b (never negative); ``add_sub``: a + b - c (two steps)."""
@@ -180,6 +181,15 @@ def task_splits(n_train: int = 512, n_test: int = 128, seed: int = 0,
             raise ValueError(f"could not draw {n_test} held-out problems unseen in training: "
                              f"increase max_value or reduce n_train/n_test")
     return train, test
+
+
+def task_split(split: str) -> list[dict]:
+    """Chapter 8's task, one split (``"train"``: 512 problems, ``"test"``: 128 held out), as
+    :func:`task_splits` makes it with its defaults (seed 0): the problems the engine's config key
+    ``task: "arithmetic"`` reads, and the only place that fixes them."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return task_splits()[0 if split == "train" else 1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,12 +36,13 @@ Shapes used throughout: ``(B, m, K)`` for per-agent quantities (prompts, slates,
 shape works for :func:`credit`; the K agents are always on the last axis.
 
 This module depends on numpy, torch and :mod:`mcpg.routing` only (no transformers), so
-the simulated pool of chapter 7 can use it without an LLM stack.
+the simulated pool of chapter 7 can use it without an LLM stack. What the signals' advantages
+do in expectation over the router's draws (``advantage_moments``, ``expected_advantages``, the
+alignment and by-outcome tables) is analysis, not training: :mod:`mcpg.grpo.slate_diagnostics`.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -64,11 +65,6 @@ __all__ = [
     "zero_std_groups",
     "RoutedCredit",
     "route_and_credit",
-    "advantage_moments",
-    "expected_advantages",
-    "advantage_alignment",
-    "OUTCOMES",
-    "advantage_by_outcome",
     "clipped_grpo_loss",
 ]
 
@@ -408,150 +404,6 @@ def route_and_credit(
     zs = zero_std_groups(scores, axis=-2)
     return RoutedCredit(I=I, G=G, scores=scores, advantages=adv,
                         zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0), exact=exact)
-
-
-def advantage_moments(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                      eps: float = ADVANTAGE_EPS) -> tuple[np.ndarray, np.ndarray]:
-    """``E[A | completions]`` and ``E[A^2 | completions]``: each agent's GRPO advantage over the
-    router's draws, exactly.
-
-    A group is one prompt's m slates (axis -2), each routed by its own independent draw
-    ``I_g ~ p_g`` (Eq. 3). Given the completions (so R, p, P and mu_hat are fixed), the
-    advantage of agent i's completion g depends on all m draws through the group's
-    baseline (and, with ``scale_rewards="group"``, its standard deviation), so both moments
-    are sums over the ``K^m`` joint draws, weighted by ``prod_g p_g(I_g)``.
-    ``E[A^2] - E[A]^2`` is the variance the router's draw adds to the advantage; it is 0 for
-    ``"oracle"``, whose credit does not depend on the draw.
-
-    Args:
-        signal: ``"wta"``, ``"removal"`` or ``"oracle"`` (:func:`~mcpg.grpo.objective.credit`).
-        p: propensities ``(..., m, K)``; P: leave-one-out propensities ``(..., m, K, K)``;
-            mu_hat: ``(..., m, K)``; rewards_all: every candidate's ``R^(j)``, ``(..., m, K)``.
-        scale_rewards, eps: as :func:`~mcpg.grpo.objective.group_advantages`.
-
-    Returns:
-        two arrays ``(..., m, K)``. The cost grows as ``K^m`` (81 joint draws for K = 3, m = 4;
-        6561 for m = 8).
-    """
-    p = np.asarray(p, dtype=float)
-    R = np.asarray(rewards_all, dtype=float)
-    P = np.asarray(P, dtype=float)
-    mu = np.asarray(mu_hat, dtype=float)
-    if p.ndim < 2 or R.shape != p.shape or mu.shape != p.shape or P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(
-            f"p, mu_hat and rewards_all must share a shape (..., m, K) and P be (..., m, K, K); "
-            f"got {p.shape}, {mu.shape}, {R.shape}, {P.shape}"
-        )
-    m, K = p.shape[-2:]
-    if K**m > 100_000:
-        raise ValueError(f"K^m = {K**m} joint draws is too many to enumerate")
-    batch = p.shape[:-2]
-    flat = [x.reshape((-1,) + x.shape[len(batch):]) for x in (p, P, mu, R)]
-    n_groups = flat[0].shape[0]
-    # table[b, g, j, i]: agent i's credit on slate g of group b if the router draws j there
-    # (a slate's credit depends on its own draw only)
-    table = np.stack([
-        credit(signal, np.full(flat[0].shape[:-1], j), flat[3][..., j], flat[0], flat[1], flat[2],
-               rewards_all=flat[3])
-        for j in range(K)
-    ], axis=-2)
-    combos = np.array(list(itertools.product(range(K), repeat=m)))  # (K^m, m): one draw per slate
-    slate = np.arange(m)
-    first, second = np.empty((n_groups, m, K)), np.empty((n_groups, m, K))
-    chunk = max(1, 2_000_000 // (len(combos) * m * K))
-    for lo in range(0, n_groups, chunk):
-        t = table[lo:lo + chunk]  # (b, m, K draws, K agents)
-        scores = t[:, slate, combos]  # (b, K^m, m, K agents)
-        A = group_advantages(scores, scale_rewards, eps=eps, axis=-2)
-        weight = flat[0][lo:lo + chunk][:, slate, combos].prod(-1)  # (b, K^m)
-        first[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A)
-        second[lo:lo + chunk] = np.einsum("bc,bcgi->bgi", weight, A * A)
-    return first.reshape(p.shape), second.reshape(p.shape)
-
-
-def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                        eps: float = ADVANTAGE_EPS) -> np.ndarray:
-    """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
-
-    The first of :func:`~mcpg.grpo.objective.advantage_moments` (same arguments and cost).
-    Centred (``"none"``), advantages are linear in the scores, so for ``"removal"`` (Eq. 19,
-    unbiased given the slate, Corollary 3) the result equals the centred exact removal contribution
-    (``"oracle"``). Standardised, it need not: in a group with no right candidate every exact
-    contribution is 0, yet this expectation is not.
-    """
-    return advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)[0]
-
-
-def advantage_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                        eps: float = ADVANTAGE_EPS, moments: tuple | None = None) -> dict:
-    """How much of the GRPO advantage a signal hands a completion is about that completion.
-
-    Over every completion of the groups given (uniform weight) and the router's draws
-    (exact, :func:`~mcpg.grpo.objective.advantage_moments`), with the completion's own
-    reward ``R`` fixed:
-
-    - ``corr``: the correlation of the advantage ``A`` with ``R``. An agent's GRPO step is
-      ``sum_g A_g grad log pi(y_g)``; the larger ``corr``, the more of it moves probability
-      towards the agent's right answers and away from its wrong ones. Winner-take-all's credit
-      is ``1{I = i} R``; the exact removal contribution also depends on the other agents'
-      candidates on the slate (``p_i (R_i - mean of the others)`` when ``P`` renormalises ``p``);
-      Eq. (19) adds the noise of the router's draw to that;
-    - ``rms``: ``sqrt(E[A^2])``, the size of the steps;
-    - ``expected_share``: ``E[E[A | completions]^2] / E[A^2]``, the part of the advantage's
-      second moment that is left after averaging over the router's draws (1 for ``"oracle"``);
-      the rest is the noise the draw adds.
-
-    Arguments as :func:`~mcpg.grpo.objective.advantage_moments`. NaN where ``R`` or ``A``
-    does not vary. ``moments``: that function's ``(first, second)`` for the same arguments,
-    when the caller has them already (the enumeration over draws is the whole cost).
-    """
-    first, second = (advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
-                     if moments is None else moments)
-    R = np.asarray(rewards_all, dtype=float)
-    var_a = second.mean() - first.mean() ** 2
-    cov = (first * R).mean() - first.mean() * R.mean()
-    denom = np.sqrt(var_a * R.var())
-    return {"corr": float(cov / denom) if denom > 1e-15 else np.nan,
-            "rms": float(np.sqrt(second.mean())),
-            "expected_share": float((first**2).sum() / second.sum()) if second.sum() > 1e-15 else np.nan}
-
-
-OUTCOMES: tuple[str, ...] = ("right, alone", "right, shared", "wrong, other right", "wrong, none right")
-"""The four kinds of completion :func:`advantage_by_outcome` tells apart: the completion's own
-reward, and whether another agent's candidate on the same slate is right."""
-
-
-def advantage_by_outcome(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
-                         eps: float = ADVANTAGE_EPS) -> dict:
-    """Which completions a signal's GRPO advantage pushes towards, by kind of completion.
-
-    Each completion is one of ``OUTCOMES``: right where no other agent's candidate on its
-    slate is (``right, alone``), right where another's is too (``right, shared``), wrong where
-    another's is right, or wrong with every candidate wrong. For each kind: its ``share`` of the
-    completions, and the mean of ``E[A | completions]`` over its completions in units of the
-    advantage's ``rms`` (:func:`advantage_alignment`), so that signals and scalings of different
-    sizes compare (AdamW's steps do not grow with a common factor on the advantages).
-
-    Winner-take-all's expected credit is ``p_i R_i``: a right answer earns it whoever else is
-    right. The exact removal contribution is ``p_i (R_i - sum_{j != i} P^{-i}_j R_j)`` when
-    ``P`` renormalises ``p``: about 0 for an answer another agent also gets right. Centred
-    within the agent's group, such an answer then sits *below* the group's mean wherever the
-    agent's other completions were right alone, and the step moves probability away from it;
-    standardising gives every group a unit-size step and changes which completions end up below
-    the mean (chapter 8 measures both on the recorded slates).
-
-    Arguments as :func:`advantage_moments`. Returns ``{kind: {"share", "mean_advantage"}}``;
-    ``mean_advantage`` is NaN for a kind with no completion.
-    """
-    first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
-    R = np.asarray(rewards_all, dtype=float)
-    right = R > 0
-    other = right.sum(-1, keepdims=True) - right > 0  # another agent's candidate on the slate is right
-    kinds = dict(zip(OUTCOMES, (right & ~other, right & other, ~right & other, ~right & ~other)))
-    rms = float(np.sqrt(second.mean()))
-    return {k: {"share": float(w.mean()),
-                "mean_advantage": float(first[w].mean() / rms) if w.any() and rms > 1e-15 else np.nan}
-            for k, w in kinds.items()}
 
 
 def clipped_grpo_loss(

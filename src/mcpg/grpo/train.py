@@ -30,9 +30,10 @@ specialization (the fraction of keyword-matched problems deployed to the agent w
 specialty), oracle accuracy (some candidate is right), regret (oracle - accuracy), and
 the frozen base model's greedy accuracy as the single-agent reference.
 
-Run directory::
+Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`)::
 
     config.json          the resolved config, the signal, where the model came from
+    PROVENANCE.json      commit, dirty, machine, command; one entry per call (mcpg.grpo.provenance)
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
     slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score,
@@ -148,16 +149,20 @@ import torch
 
 from .. import routing
 from ..allocation import ExactBudget
-from ..stats import roc_auc
+from ..stats import roc_auc, within_slate_auc
+from . import rundir
 from ._report import MetricsReport, check_available
-from ._runtime import Dist, json_default, rng_state, set_rng_state, write_json
+from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
 from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
-from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
+from .objective import SIGNALS, budgeted_removal, clipped_grpo_loss, credit, group_advantages, zero_std_groups
+from .provenance import start_run
 from .router import CandidateFeatures, Router
+from .rundir import RunWriter
+from .slates import Slates
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "within_slate_auc", "Engine"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
@@ -166,9 +171,9 @@ def _load_split(cfg: dict, split: str) -> list[dict]:
     n = cfg["train_problems" if split == "train" else "eval_problems"]
     if cfg["task"] == "gsm8k":
         return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
-    from .arithmetic import task_splits
+    from .arithmetic import task_split
 
-    rows = task_splits(512, 128, seed=0)[0 if split == "train" else 1]
+    rows = task_split("train" if split == "train" else "test")
     if n is not None:
         if n > len(rows):
             raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
@@ -267,7 +272,11 @@ class Engine:
         self.step = 0
 
     # -- rollout ---------------------------------------------------------------------------
-    def _rows(self, questions: list[str], m: int, with_base: bool = False):
+    def prompt_rows(self, questions: list[str], m: int, with_base: bool = False):
+        """The generation rows of ``questions``: for each question, each agent's prompt ``m`` times
+        (the rows layout of :class:`mcpg.grpo.slates.Slates`), then, ``with_base``, the frozen
+        model's neutral prompt once. Returns prompts, adapter names, temperatures and agent
+        indices (-1: the frozen model)."""
         prompts, adapters, temps, agent_ids = [], [], [], []
         for q in questions:
             for k, a in enumerate(self.agents):
@@ -283,173 +292,132 @@ class Engine:
                 agent_ids.append(-1)
         return prompts, adapters, temps, agent_ids
 
-    def _slate_features(self, questions: list[str], texts: list[str], truncated, m: int) -> torch.Tensor:
-        """Features of the rollout rows, arranged as slates (B, m, K, dim)."""
-        B = len(questions)
-        qs = [q for q in questions for _ in range(self.K * m)]
-        ids = [k for _ in questions for k in range(self.K) for _ in range(m)]
-        f = self.features(qs, texts, ids, truncated)
-        return f.view(B, self.K, m, -1).transpose(1, 2).contiguous()
+    def _draw_problems(self) -> list[dict]:
+        """This update's problems: ``prompts_per_update`` drawn without replacement (the same draw
+        in every process); each process keeps every ``world``-th."""
+        chosen = self.data_rng.choice(len(self.train_set), size=self.cfg["prompts_per_update"], replace=False)
+        return [self.train_set[i] for i in chosen[self.dist.rank :: self.dist.world]]
+
+    def _rollout(self, questions: list[str], m: int, progress: bool) -> Rollout:
+        """Every agent samples ``m`` completions of every question, all agents in one mixed-adapter batch."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        prompts, adapters, temps, _ = self.prompt_rows(questions, m)
+        bs = cfg["generation_batch_size"] or len(prompts)
+        steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
+        with tqdm(total=steps, desc=f"rollout {self.step + 1} ({len(prompts)} completions)", unit="tok",
+                  leave=False, disable=not (progress and self.dist.main)) as bar:
+            return self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
+                                      batch_size=cfg["generation_batch_size"] or None, progress=bar,
+                                      stop_at_answer=cfg["stop_at_answer"])
+
+    def _slate_features(self, questions: list[str], roll: Rollout, slates: Slates) -> torch.Tensor:
+        """The router's features of the rollout's candidates, as slates (B, m, K, dim)."""
+        qs = [q for q in questions for _ in range(self.K * slates.m)]
+        ids = [k for _ in questions for k in range(self.K) for _ in range(slates.m)]
+        return slates.from_rows(self.features(qs, roll.texts, ids, roll.truncated.tolist())).contiguous()
 
     # -- one update --------------------------------------------------------------------------
     def update(self, progress: bool = False) -> dict:
-        """One rollout, credit, actor update and router update; returns the metrics row."""
-        from tqdm.auto import tqdm
-
+        """One update of paper §8, top to bottom; returns the metrics row (the rollout's logged
+        slates are left in :attr:`last_slates`, the rows of ``slates.jsonl``)."""
         cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
         t0 = time.perf_counter()
-        chosen = self.data_rng.choice(len(self.train_set), size=cfg["prompts_per_update"], replace=False)
-        local = chosen[self.dist.rank :: self.dist.world]
-        problems = [self.train_set[i] for i in local]
+        problems = self._draw_problems()
         questions = [p["question"] for p in problems]
-        B = len(problems)
+        slates = Slates(len(problems), m, K)
 
-        # 1. rollout: all agents in one mixed-adapter batch
-        prompts, adapters, temps, _ = self._rows(questions, m)
-        bs = cfg["generation_batch_size"] or len(prompts)
-        steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
-        with tqdm(
-            total=steps,
-            desc=f"rollout {self.step + 1} ({len(prompts)} completions)",
-            unit="tok",
-            leave=False,
-            disable=not (progress and self.dist.main),
-        ) as bar:
-            roll = self.pool.generate(
-                prompts,
-                adapters,
-                temps,
-                cfg["max_new_tokens"],
-                batch_size=cfg["generation_batch_size"] or None,
-                progress=bar,
-                stop_at_answer=cfg["stop_at_answer"],
-            )
+        # 1. rollout: each agent samples m completions of each problem; slate g = the g-th of each
+        roll = self._rollout(questions, m, progress)
         t_gen = time.perf_counter()
-
-        # 2. rewards R^(j), slate layout (B, m, K)
+        # 2. every candidate's reward R^(j) (its committed answer against the gold one), (B, m, K)
         golds = [p["gold"] for p in problems for _ in range(K * m)]
-        R_rows = np.array(
-            [reward(t, g, truncated=bool(c)) for t, g, c in zip(roll.texts, golds, roll.truncated.tolist())]
-        )
-        R = R_rows.reshape(B, K, m).transpose(0, 2, 1)
-
-        # 3. routing with the current (fixed) router; only G = R^(I) is fed back
-        feats = self._slate_features(questions, roll.texts, roll.truncated.tolist(), m)
+        R = slates.from_rows(np.array([reward(t, g, truncated=bool(c))
+                                       for t, g, c in zip(roll.texts, golds, roll.truncated.tolist())]))
+        # 3. the current router, fixed during the update: propensities p (Eq. 3), leave-one-out
+        #    propensities P and outcome estimates mu_hat = sigmoid(s)
+        feats = self._slate_features(questions, roll, slates)
         route = self.router.route(feats)
         p, P, mu = route["p"], route["P"], route["mu_hat"]
-
-        # 4-5. draw I ~ p, feed back G = R^(I), credit, per-agent group advantages (group = m)
-        rc = route_and_credit(
-            self.signal,
-            p,
-            P,
-            mu,
-            R,
-            self.select_rng,
-            scale_rewards=cfg["scale_rewards"],
-            advantage_eps=cfg["advantage_eps"],
-            budget=self.budget,
-            budget_rng=self.budget_rng if self.budget is not None else None,
-        )
-        I, G, scores = rc.I, rc.G, rc.scores  # noqa: E741 (the paper's name)
-        exact_z = rc.exact.z if rc.exact is not None else np.zeros(I.shape, dtype=int)
-        exact_p = rc.exact.p if rc.exact is not None else np.zeros(I.shape)
-        adv_rows = torch.as_tensor(rc.advantages.transpose(0, 2, 1).reshape(-1), dtype=torch.float32)
-
-        # 6. actor update
+        # 4. filtered feedback: draw the deployed candidate I ~ p; only G = R^(I) is fed back
+        I = routing.sample_selection(p, self.select_rng)  # noqa: E741 (the paper's name)
+        G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
+        # 5. credit: wta 1{I=i} G, removal Eq. (19), oracle (reads every R); removal on an exact
+        #    budget evaluates the slates Eq. (22) draws and credits Eq. (21) (chapter 9)
+        exact = None
+        if self.budget is None:
+            scores = credit(self.signal, I, G, p, P, mu, rewards_all=R if self.signal == "oracle" else None)
+        else:
+            scores, exact = budgeted_removal(I, G, p, P, mu, R, self.budget, self.budget_rng,
+                                             cfg["scale_rewards"], cfg["advantage_eps"])
+        # 6. advantages: each agent's scores within its group of m completions of one problem
+        A = group_advantages(scores, scale_rewards=cfg["scale_rewards"], eps=cfg["advantage_eps"], axis=-2)
+        # 7. actor update: the clipped GRPO loss on each agent's own adapter
+        adv_rows = torch.as_tensor(slates.to_rows(A), dtype=torch.float32)
         losses, clip_fraction = self._actor_update(roll, adv_rows)
         t_actor = time.perf_counter()
-
-        # 7. router update on the logged selected feedback of this and earlier rollouts (all
-        #    processes' data); the router that scored this rollout was fitted on earlier data only
-        self.replay.append(
-            {
-                "features": self._gather_tensor(feats.reshape(B * m, K, -1)),
-                "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
-                "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
-                "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
-            }
-        )
-        if cfg["router_replay"]:
-            self.replay = self.replay[-cfg["router_replay"] :]
-        logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
-        router_loss = self.router.fit(
-            logged["features"],
-            logged["selected"].numpy(),
-            logged["reward"].numpy(),
-            logged["p"].numpy(),
-            self.router_optimizer,
-            steps=cfg["router_steps"],
-        )
+        # 8. router update, only now, from the logged selected feedback of this and earlier rollouts
+        router_loss = self._router_update(slates.logged(feats), I, G, p)
         self.step += 1
         self._check_in_sync()
 
-        # metrics, over all processes
+        log = self._gather_log(questions, roll, slates, R, I, G, p, P, mu, scores, exact)
+        self.last_slates = rundir.slates_row(log, budget=bool(cfg["exact_budget"]))
+        return rundir.metrics_row(
+            log, K, update=self.step, signal=self.signal, losses=losses, router_loss=router_loss,
+            clip_fraction=clip_fraction, router_slates=int(sum(len(r["selected"]) for r in self.replay)),
+            seconds={"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0})
+
+    def _router_update(self, feats: torch.Tensor, I, G, p) -> float:  # noqa: E741 (the paper's name)
+        """Fit the router on the replay of logged slates (all processes' data): features, the
+        deployed candidate, its reward and the logged propensities. Returns its loss."""
+        cfg, K = self.cfg, self.K
+        self.replay.append({
+            "features": self._gather_tensor(feats),
+            "selected": self._gather_tensor(torch.as_tensor(I.reshape(-1))),
+            "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
+            "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
+        })
+        if cfg["router_replay"]:
+            self.replay = self.replay[-cfg["router_replay"] :]
+        logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
+        return self.router.fit(logged["features"], logged["selected"].numpy(), logged["reward"].numpy(),
+                               logged["p"].numpy(), self.router_optimizer, steps=cfg["router_steps"])
+
+    def _gather_log(self, questions, roll: Rollout, slates: Slates, R, I, G, p, P, mu, scores, exact) -> dict:  # noqa: E741
+        """The rollout as per-slate and per-completion lists, gathered over processes: what
+        :func:`mcpg.grpo.rundir.metrics_row` and :func:`mcpg.grpo.rundir.slates_row` read."""
+        K = self.K
         spec_idx = {a.specialty: k for k, a in enumerate(self.agents) if a.specialty}
         matched = [spec_idx.get(question_specialty(q)) for q in questions]
-        spec_hits = [int(I[b, g] == matched[b]) for b in range(B) for g in range(m) if matched[b] is not None]
         mask_len = roll.completion_mask.sum(1).double().numpy()
-
-        def slate_rows(x):  # completion rows (b, k, g) -> slates (b*m + g, k), as R above
-            return x.reshape(B, K, m).transpose(0, 2, 1).reshape(-1, K)
-
-        local_stats = [
-            {
-                "R": R.reshape(-1, K).tolist(),
-                "G": G.reshape(-1).tolist(),
-                "I": I.reshape(-1).tolist(),
-                "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
-                "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
-                "spec": spec_hits,
-                "len": mask_len.tolist(),
-                "trunc": roll.truncated.double().tolist(),
-                # per candidate, in the slate layout (B*m, K) of R: cut at the budget, and its length
-                "cut": slate_rows(roll.truncated.int().numpy()).tolist(),
-                "tokens": slate_rows(mask_len).tolist(),
-                "score": scores.reshape(-1, K).tolist(),
-                "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
-                "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
-                "p": p.reshape(-1, K).tolist(),
-                "P": P.reshape(-1, K, K).tolist(),
-                "mu_hat": mu.reshape(-1, K).tolist(),
-                "exact_z": exact_z.reshape(-1).tolist(),
-                "exact_p": exact_p.reshape(-1).tolist(),
-            }
-        ]
-        st = self.dist.gather(local_stats)
-        cat = {k: sum((s[k] for s in st), []) for k in st[0]}
-        Rall, Iall = np.array(cat["R"]), np.array(cat["I"])
-        # the logged slates (slates.jsonl): every candidate's reward is known here, so Eq. 19 can be
-        # checked against the exact removal contribution on real LLM slates
-        self.last_slates = {k: cat[k] for k in ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")}
-        if cfg["exact_budget"]:  # which slates were evaluated exactly, and with what probability
-            self.last_slates.update({k: cat[k] for k in ("exact_z", "exact_p")})
-        n_exact = int(np.sum(cat["exact_z"]))
-        return {
-            "update": self.step,
-            "signal": self.signal,
-            "reward": _mean(cat["G"]),
-            "agent_accuracy": Rall.mean(0).tolist(),
-            "oracle": _mean(Rall.max(1)),
-            "entropy": _mean(cat["entropy"]),
-            "brier": _mean(cat["brier"]),
-            "specialization": _mean(cat["spec"]),
-            "selected_fraction": [float((Iall == k).mean()) for k in range(K)],
-            "credit_mean": np.array(cat["score"]).mean(0).tolist(),
-            "exact_evaluations": n_exact,
-            "feedback_cost": n_exact * (K - 1),
-            "exact_share": n_exact / len(cat["exact_z"]),
-            "exact_share_expected": _mean(cat["exact_p"]),
-            "loss": losses,
-            "router_loss": router_loss,
-            "completion_tokens": _mean(cat["len"]),
-            "truncated": _mean(cat["trunc"]),
-            "zero_std_fraction": np.array(cat["zero_std"], dtype=float).mean(0).tolist(),
-            "zero_std_reward_fraction": np.array(cat["zero_std_reward"], dtype=float).mean(0).tolist(),
-            "clip_fraction": clip_fraction,
-            "router_slates": int(sum(len(r["selected"]) for r in self.replay)),
-            "seconds": {"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0},
+        exact_z = exact.z if exact is not None else np.zeros(I.shape, dtype=int)
+        exact_p = exact.p if exact is not None else np.zeros(I.shape)
+        local = {
+            "R": R.reshape(-1, K).tolist(),
+            "G": G.reshape(-1).tolist(),
+            "I": I.reshape(-1).tolist(),
+            "entropy": routing.routing_entropy(p).reshape(-1).tolist(),
+            "brier": ((np.take_along_axis(mu, I[..., None], -1)[..., 0] - G) ** 2).reshape(-1).tolist(),
+            "spec": [int(I[b, g] == matched[b]) for b in range(slates.B) for g in range(slates.m)
+                     if matched[b] is not None],
+            "len": mask_len.tolist(),
+            "trunc": roll.truncated.double().tolist(),
+            # per candidate, as slates: cut at the token budget, and its length
+            "cut": slates.logged(slates.from_rows(roll.truncated.int().numpy())).tolist(),
+            "tokens": slates.logged(slates.from_rows(mask_len)).tolist(),
+            "score": scores.reshape(-1, K).tolist(),
+            "zero_std": zero_std_groups(scores, axis=1).reshape(-1, K).tolist(),  # (B, K) groups
+            "zero_std_reward": zero_std_groups(R, axis=1).reshape(-1, K).tolist(),
+            "p": p.reshape(-1, K).tolist(),
+            "P": P.reshape(-1, K, K).tolist(),
+            "mu_hat": mu.reshape(-1, K).tolist(),
+            "exact_z": exact_z.reshape(-1).tolist(),
+            "exact_p": exact_p.reshape(-1).tolist(),
         }
+        gathered = self.dist.gather([local])
+        return {k: sum((s[k] for s in gathered), []) for k in gathered[0]}
 
     def _check_in_sync(self) -> None:
         """Data parallel: every process must hold the same adapters and router after an update."""
@@ -468,8 +436,15 @@ class Engine:
             return t
         return self.dist.acc.gather(t.to(self.dist.device)).cpu()
 
+    # -- the actor update --------------------------------------------------------------------
     def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float]:
         """Clipped GRPO loss on each agent's adapter; returns each agent's loss and the clip fraction.
+
+        ``num_iterations`` optimizer steps (epochs) on the rollout, each over its micro-batches
+        (``train_micro_batch`` rows): per micro-batch one log-probability pass
+        (:meth:`_logprobs`), each agent's loss on its rows (:meth:`_micro_batch_loss`), backward;
+        then one step (:meth:`_optimizer_step`). ``logp_old`` is the sampling policy's: the
+        first pass's, detached, with one iteration; computed once before any step otherwise.
 
         The clip fraction is TRL's ``clip_ratio/region_mean``: the share of completion tokens whose
         probability ratio lies in the clipped region on the side its advantage pushes (ratio below
@@ -480,79 +455,89 @@ class Engine:
         tokens count neither in the loss nor in its normaliser), as TRL's key of that name does;
         their advantages were already computed with them in their groups.
         """
-        cfg, K = self.cfg, self.K
-        n = len(roll)
+        cfg, K, n = self.cfg, self.K, len(roll)
         agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
         trained = roll.completion_mask
         if cfg["mask_truncated_completions"]:
             trained = trained * (~roll.truncated.bool())[:, None].to(trained.dtype)
-        # global normalisers of each agent's loss (tokens for dapo/bnpo, sequences otherwise)
-        tokens = torch.stack([trained[agent_of_row == k].sum() for k in range(K)]).double()
-        seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
-        tokens = self.dist.sum_(tokens.to(self.dist.device)).cpu()
-        seqs = self.dist.sum_(seqs.to(self.dist.device)).cpu()
-        by_tokens = cfg["loss_type"] in ("dapo", "bnpo")
+        norm = self._loss_normalisers(agent_of_row, trained)
         mb = cfg["train_micro_batch"] or n
-        chunks = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
+        batches = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
         old = None
         if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
             with torch.no_grad():
-                old = [self.pool.token_logprobs(roll.rows(c)).detach() for c in chunks]
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        agent_loss = [0.0] * K
-        eps_low = cfg["clip_eps"]
-        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
+                old = [self._logprobs(roll, rows).detach() for rows in batches]
         clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
-        for _ in range(cfg["num_iterations"]):
+        agent_loss = [0.0] * K
+        for _epoch in range(cfg["num_iterations"]):
             self.optimizer.zero_grad(set_to_none=False)
             agent_loss = [0.0] * K
-            for ci, c in enumerate(chunks):
-                sub = roll.rows(c)
-                logp = self.pool.token_logprobs(sub)
-                logp_old = logp.detach() if old is None else old[ci]
-                mask = trained[c].to(logp.device)
-                a_rows = agent_of_row[c]
-                with torch.no_grad():
-                    ratio = torch.exp(logp.detach() - logp_old)
-                    a_tok = adv_rows[c].to(logp.device)[:, None]
-                    region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
-                    clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
-                total = logp.new_zeros(())
-                for k in range(K):
-                    sel = (a_rows == k).nonzero().squeeze(1).to(logp.device)
-                    if sel.numel() == 0:
-                        continue
-                    mk = mask[sel]
-                    lk = clipped_grpo_loss(
-                        logp[sel],
-                        logp_old[sel],
-                        adv_rows[c][a_rows == k].to(logp.device),
-                        mk,
-                        clip_eps=cfg["clip_eps"],
-                        clip_eps_high=cfg["clip_eps_high"],
-                        loss_type=cfg["loss_type"],
-                        max_completion_length=cfg["max_new_tokens"],
-                    )
-                    # rescale this chunk's share to the agent's global normaliser (exact micro-batching)
-                    share = (
-                        (mk.sum().clamp(min=1.0) / tokens[k].clamp(min=1.0))
-                        if by_tokens
-                        else (sel.numel() / seqs[k])
-                    )
-                    lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
-                    total = total + lk
-                    agent_loss[k] += float(lk.detach())
+            for b, rows in enumerate(batches):
+                logp = self._logprobs(roll, rows)
+                logp_old = logp.detach() if old is None else old[b]
+                total = self._micro_batch_loss(logp, logp_old, adv_rows[rows], trained[rows],
+                                               agent_of_row[rows], norm, agent_loss, clipped)
                 total.backward()
-            for p_ in params:  # data parallel: sum the processes' gradients (losses use global normalisers)
-                if p_.grad is not None:
-                    self.dist.sum_(p_.grad)
-            if cfg["max_grad_norm"]:
-                for a in self.agents:
-                    torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), cfg["max_grad_norm"])
-            self.optimizer.step()
+            self._optimizer_step()
         losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
         clipped = self.dist.sum_(clipped.to(self.dist.device)).cpu()
         return losses.tolist(), float(clipped[0] / clipped[1].clamp(min=1.0))
+
+    def _logprobs(self, roll: Rollout, rows: list[int]) -> torch.Tensor:
+        """Per-token log-probabilities of the completions ``rows`` under their agents' adapters."""
+        return self.pool.token_logprobs(roll.rows(rows))
+
+    def _loss_normalisers(self, agent_of_row: torch.Tensor, trained: torch.Tensor) -> dict:
+        """Each agent's loss normaliser over all processes (data parallel: global counts), so that
+        micro-batching and sharding leave the loss unchanged: its trained tokens (``dapo``,
+        ``bnpo``) or its sequences (otherwise)."""
+        K = self.K
+        tokens = torch.stack([trained[agent_of_row == k].sum() for k in range(K)]).double()
+        seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
+        return {"tokens": self.dist.sum_(tokens.to(self.dist.device)).cpu(),
+                "seqs": self.dist.sum_(seqs.to(self.dist.device)).cpu(),
+                "by_tokens": self.cfg["loss_type"] in ("dapo", "bnpo")}
+
+    def _micro_batch_loss(self, logp, logp_old, adv, trained, agents, norm: dict, agent_loss: list[float],
+                          clipped: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's share of each agent's clipped GRPO loss (rescaled to the agent's
+        global normaliser), summed over agents; adds each agent's share to ``agent_loss`` and the
+        clipped and all tokens to ``clipped``."""
+        cfg = self.cfg
+        eps_low = cfg["clip_eps"]
+        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
+        mask = trained.to(logp.device)
+        with torch.no_grad():
+            ratio = torch.exp(logp.detach() - logp_old)
+            a_tok = adv.to(logp.device)[:, None]
+            region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
+            clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
+        total = logp.new_zeros(())
+        for k in range(self.K):
+            sel = (agents == k).nonzero().squeeze(1).to(logp.device)
+            if sel.numel() == 0:
+                continue
+            mk = mask[sel]
+            lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk,
+                                   clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
+                                   loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"])
+            share = ((mk.sum().clamp(min=1.0) / norm["tokens"][k].clamp(min=1.0)) if norm["by_tokens"]
+                     else (sel.numel() / norm["seqs"][k]))
+            lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
+            total = total + lk
+            agent_loss[k] += float(lk.detach())
+        return total
+
+    def _optimizer_step(self) -> None:
+        """Sum the processes' gradients (the losses use global normalisers), clip each agent's
+        gradient norm (``max_grad_norm``), and step AdamW."""
+        for p_ in (p for g in self.optimizer.param_groups for p in g["params"]):
+            if p_.grad is not None:
+                self.dist.sum_(p_.grad)
+        if self.cfg["max_grad_norm"]:
+            for a in self.agents:
+                torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), self.cfg["max_grad_norm"])
+        self.optimizer.step()
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -618,22 +603,6 @@ class Engine:
         self.step = int(state["step"])
 
 
-def within_slate_auc(mu_hat, R) -> float | None:
-    """The router's AUC within slates: over every pair (right, wrong) of candidates of the same
-    problem, the probability that the right one has the higher ``mu_hat`` (ties one half).
-    This is what routing needs: a slate is won by ranking its own candidates. ``mu_hat`` and
-    ``R`` have shape (problems, K); None when no slate mixes right and wrong answers."""
-    mu, R = np.asarray(mu_hat, dtype=float), np.asarray(R, dtype=float) > 0
-    if mu.shape != R.shape or mu.ndim != 2:
-        raise ValueError(f"mu_hat and R must both have shape (problems, K), got {mu.shape} and {R.shape}")
-    diff = mu[:, :, None] - mu[:, None, :]  # [b, right j, wrong l]
-    pair = R[:, :, None] & ~R[:, None, :]
-    n = int(pair.sum())
-    if n == 0:
-        return None
-    return float(((diff > 0) + 0.5 * (diff == 0))[pair].sum() / n)
-
-
 def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = None) -> dict:
     """Each agent answers each held-out problem greedily; the router deploys the top score.
 
@@ -651,7 +620,7 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     problems = engine.eval_set[dist.rank :: dist.world]
     questions = [p["question"] for p in problems]
     with_base = base is None  # the frozen model never changes: an earlier evaluation's base is reused
-    prompts, adapters, temps, agent_ids = engine._rows(questions, 1, with_base=with_base)
+    prompts, adapters, temps, agent_ids = engine.prompt_rows(questions, 1, with_base=with_base)
     bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
     steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
     with tqdm(
@@ -726,15 +695,6 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
 # ------------------------------------------------------------------------------------------
 # the loop and the run directory
 # ------------------------------------------------------------------------------------------
-def _truncate_metrics(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    rows = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= step
-    ]
-    path.write_text("".join(r + "\n" for r in rows))
-
-
 def train(
     config: str | dict,
     signal: str,
@@ -786,25 +746,17 @@ def train(
 
     engine = Engine(cfg, signal)
     dist = engine.dist
+    writer = RunWriter(out)
     if resume:
         if not ckpt.exists() and (out / "checkpoint.old").exists():
             ckpt = out / "checkpoint.old"  # interrupted while swapping checkpoints
         if ckpt.exists():
             engine.load_checkpoint(ckpt)
         if dist.main:
-            _truncate_metrics(out / "metrics.jsonl", engine.step)
-            _truncate_metrics(out / "slates.jsonl", engine.step)
+            writer.truncate(engine.step)
     if dist.main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(
-            cfg_path,
-            {
-                "config": cfg.to_dict(),
-                "signal": signal,
-                "model_source": engine.model_source,
-                "processes": dist.world,
-            },
-        )
+        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world)
+        start_run(out, resume=resume)  # PROVENANCE.json: commit, dirty, machine, command (per call)
     dist.barrier()
 
     from tqdm.auto import tqdm
@@ -815,7 +767,7 @@ def train(
         if engine.step == 0 and not init_path.exists():
             initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
             if dist.main:
-                write_json(init_path, initial)
+                writer.json(rundir.INITIAL_EVAL, initial)
         elif init_path.exists():
             initial = json.loads(init_path.read_text())
         dist.barrier()
@@ -838,13 +790,8 @@ def train(
             if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
                 row["eval"] = engine.evaluate(progress=show, base=initial)
             if dist.main:
-                with open(out / "metrics.jsonl", "a") as fh:
-                    fh.write(json.dumps(row, default=json_default) + "\n")
-                report.write(json.loads(json.dumps(row, default=json_default)))  # the row as written
-                with open(out / "slates.jsonl", "a") as fh:
-                    fh.write(
-                        json.dumps({"update": engine.step, **engine.last_slates}, default=json_default) + "\n"
-                    )
+                line = writer.update(row, engine.last_slates)
+                report.write(json.loads(line))  # the row as written
             if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
                 engine.save_checkpoint(out / "checkpoint")
             bar.update(1)
@@ -860,7 +807,7 @@ def train(
     if dist.main:
         engine.pool.save_adapters(out / "adapters")
         engine.router.save(out / "router.safetensors")
-        write_json(out / "eval.json", result)
+        writer.json(rundir.EVAL, result)
     dist.barrier()
     return result
 

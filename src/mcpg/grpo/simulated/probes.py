@@ -9,14 +9,8 @@ import numpy as np
 import torch
 
 from ... import routing, stats
-from ..objective import (
-    ADVANTAGE_EPS,
-    advantage_alignment,
-    advantage_moments,
-    credit,
-    expected_advantages,
-    group_advantages,
-)
+from ..objective import ADVANTAGE_EPS, credit, group_advantages
+from ..slate_diagnostics import advantage_moments, expected_advantages, group_alignment
 from .pool import (
     SimConfig,
     _one_thread,
@@ -169,7 +163,7 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
     - ``align_<signal>_<scaling>``, for ``wta``, ``removal`` and ``oracle`` under ``group`` and
       ``none``: the correlation of that signal's advantage with the completion's own reward,
       over completions and the router's draws
-      (:func:`~mcpg.grpo.objective.advantage_alignment`).
+      (:func:`~mcpg.grpo.slate_diagnostics.group_alignment`).
     """
     p = np.asarray(p, dtype=float)
     mu = np.asarray(mu_hat, dtype=float)
@@ -192,7 +186,7 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
         "abs_ea_group_no_right": float(np.abs(x).mean()) if x.size else np.nan,
         "abs_ea_none_no_right": float(np.abs(ea["none"][sel]).mean()) if x.size else np.nan,
         "corr_p": corr(p), "corr_mu": corr(mu),
-        **{f"align_{s}_{sc}": advantage_alignment(s, p, P, mu, R, sc, eps=eps, moments=mo)["corr"]
+        **{f"align_{s}_{sc}": group_alignment(s, p, P, mu, R, sc, eps=eps, moments=mo)["corr"]
            for (s, sc), mo in moments.items()},
     }
 

@@ -1,0 +1,256 @@
+"""A run directory's schema: its file names, every key it logs, the one writer of its rows, and
+:func:`read_run`.
+
+Files (written by :func:`mcpg.grpo.train.train` through :class:`RunWriter`; ``scripts/gpu_session.py``
+writes through it too)::
+
+    config.json          the resolved config, the signal, where the model came from, processes
+    PROVENANCE.json      commit, dirty, machine, command of each call (mcpg.grpo.provenance)
+    initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
+    metrics.jsonl        one row per update: METRICS_KEYS (meanings: mcpg.grpo.train's table)
+    slates.jsonl         one row per update: "update" and SLATE_KEYS (+ SLATE_BUDGET_KEYS with an
+                         exact budget), one entry per slate of the rollout
+    eval.json            the final evaluation: EVAL_FILE_KEYS
+    adapters/, router.safetensors, checkpoint/    weights and the resumable state
+
+Every key the engine logs is declared here once; tests/test_grpo_rundir.py fails when the engine
+logs a key these lists lack, or declares one it does not log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ._runtime import json_default, write_json
+from .objective import ADVANTAGE_EPS
+
+__all__ = ["CONFIG", "PROVENANCE", "INITIAL_EVAL", "METRICS", "SLATES", "EVAL", "CHECKPOINT", "ADAPTERS",
+           "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "SLATE_KEYS",
+           "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter", "Run",
+           "read_run", "read_comparison", "read_json", "read_jsonl"]
+
+CONFIG, PROVENANCE, INITIAL_EVAL = "config.json", "PROVENANCE.json", "initial_eval.json"
+METRICS, SLATES, EVAL = "metrics.jsonl", "slates.jsonl", "eval.json"
+CHECKPOINT, ADAPTERS, ROUTER = "checkpoint", "adapters", "router.safetensors"
+
+PER_AGENT_METRICS = ("agent_accuracy", "selected_fraction", "credit_mean", "zero_std_fraction",
+                     "zero_std_reward_fraction", "loss")
+"""metrics.jsonl keys that hold one value per agent (in the config's agent order)."""
+
+SCALAR_METRICS = ("reward", "oracle", "entropy", "brier", "specialization", "truncated",
+                  "completion_tokens", "clip_fraction", "router_loss", "router_slates",
+                  "exact_evaluations", "feedback_cost", "exact_share", "exact_share_expected")
+"""metrics.jsonl keys that hold one value per update."""
+
+ROW_KEYS = ("update", "signal", "seconds")
+"""metrics.jsonl keys that are not metrics: the update's number, the signal, wall times
+(``rollout``, ``actor``, ``total``); and ``eval`` (an evaluation, every ``eval_every`` updates)."""
+
+METRICS_KEYS = ROW_KEYS + PER_AGENT_METRICS + SCALAR_METRICS
+"""Every key of a metrics.jsonl row (``eval`` aside, which only some rows hold)."""
+
+SLATE_KEYS = ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")
+"""slates.jsonl keys, each one entry per slate: rewards (K), the deployed index, its reward, the
+propensities (K), the leave-one-out propensities (K x K), the outcome estimates (K), the credit
+scores (K), cut at the token budget (K), completion lengths (K)."""
+
+SLATE_BUDGET_KEYS = ("exact_z", "exact_p")
+"""slates.jsonl keys with an exact budget (config key ``exact_budget`` > 0): evaluated exactly,
+and its probability."""
+
+EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret", "base_accuracy",
+                  "agent_accuracy", "deployed_fraction", "n", "n_specialty", "correct", "base_correct",
+                  "agent_correct", "best_of_k", "uniform_accuracy", "uniform_correct", "router_auc",
+                  "router_auc_within", "mu_hat", "strict_accuracy", "flexible_accuracy", "truncated")
+"""Keys of an evaluation (initial_eval.json; a metrics row's ``eval``); eval.json adds
+``signal``, ``updates`` and, with an initial evaluation, ``initial_accuracy``, ``initial_correct``,
+``initial_agent_accuracy`` and ``initial_deployed_fraction``."""
+
+
+def _mean(x) -> float | None:
+    x = np.asarray(x, dtype=float)
+    return float(x.mean()) if x.size else None
+
+
+def metrics_row(log: dict, K: int, *, update: int, signal: str, losses: list[float], router_loss: float,
+                clip_fraction: float, router_slates: int, seconds: dict) -> dict:
+    """One metrics.jsonl row (:data:`METRICS_KEYS`; meanings: :mod:`mcpg.grpo.train`'s table) from
+    the rollout's log gathered over processes: per slate ``R`` (K), ``G``, ``I``, ``entropy``,
+    ``brier``, ``score`` (K), ``zero_std`` and ``zero_std_reward`` (K, per group), ``exact_z``,
+    ``exact_p``; per matched slate ``spec``; per completion ``len`` and ``trunc``."""
+    R, I = np.array(log["R"]), np.array(log["I"])  # noqa: E741 (the paper's name)
+    n_exact = int(np.sum(log["exact_z"]))
+    return {
+        "update": update,
+        "signal": signal,
+        "reward": _mean(log["G"]),
+        "agent_accuracy": R.mean(0).tolist(),
+        "oracle": _mean(R.max(1)),
+        "entropy": _mean(log["entropy"]),
+        "brier": _mean(log["brier"]),
+        "specialization": _mean(log["spec"]),
+        "selected_fraction": [float((I == k).mean()) for k in range(K)],
+        "credit_mean": np.array(log["score"]).mean(0).tolist(),
+        "exact_evaluations": n_exact,
+        "feedback_cost": n_exact * (K - 1),
+        "exact_share": n_exact / len(log["exact_z"]),
+        "exact_share_expected": _mean(log["exact_p"]),
+        "loss": losses,
+        "router_loss": router_loss,
+        "completion_tokens": _mean(log["len"]),
+        "truncated": _mean(log["trunc"]),
+        "zero_std_fraction": np.array(log["zero_std"], dtype=float).mean(0).tolist(),
+        "zero_std_reward_fraction": np.array(log["zero_std_reward"], dtype=float).mean(0).tolist(),
+        "clip_fraction": clip_fraction,
+        "router_slates": router_slates,
+        "seconds": seconds,
+    }
+
+
+def slates_row(log: dict, budget: bool) -> dict:
+    """The update's slates.jsonl entries (:data:`SLATE_KEYS`, and :data:`SLATE_BUDGET_KEYS` on an
+    exact budget) from the same gathered log: every candidate's reward is known here, so
+    Eq. (19) can be checked against the exact removal contribution on real LLM slates."""
+    keys = SLATE_KEYS + (SLATE_BUDGET_KEYS if budget else ())
+    return {k: log[k] for k in keys}
+
+
+class RunWriter:
+    """The one writer of a run directory's rows and files (call on the main process only)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+
+    def config(self, cfg: dict, signal: str, model_source: str, processes: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_json(self.folder / CONFIG, {"config": cfg, "signal": signal, "model_source": model_source,
+                                          "processes": processes})
+
+    def json(self, name: str, value: dict) -> None:
+        """``initial_eval.json`` or ``eval.json``."""
+        write_json(self.folder / name, value)
+
+    def update(self, row: dict, slates: dict | None = None) -> str:
+        """Append a metrics row (and the update's slates); returns the row's JSON line."""
+        line = json.dumps(row, default=json_default)
+        with open(self.folder / METRICS, "a") as fh:
+            fh.write(line + "\n")
+        if slates is not None:
+            with open(self.folder / SLATES, "a") as fh:
+                fh.write(json.dumps({"update": row["update"], **slates}, default=json_default) + "\n")
+        return line
+
+    def truncate(self, step: int) -> None:
+        """Drop the rows after update ``step`` (a resumed run continues from its checkpoint)."""
+        for name in (METRICS, SLATES):
+            path = self.folder / name
+            if path.exists():
+                rows = [ln for ln in path.read_text().splitlines()
+                        if ln.strip() and json.loads(ln)["update"] <= step]
+                path.write_text("".join(r + "\n" for r in rows))
+
+
+@dataclass
+class Run:
+    """One recorded run directory.
+
+    Attributes:
+        path: the directory.
+        config: the resolved config (``config.json``'s ``config``).
+        signal: ``wta``, ``removal`` or ``oracle``.
+        agents: the agents' names, in the config's order (the order of every per-agent list).
+        metrics: ``metrics.jsonl`` as a frame, one row per update (lists kept as lists).
+        eval: ``eval.json`` (None when the run has not finished).
+        initial_eval: ``initial_eval.json`` (None when the config skipped it or the run predates it).
+        slates: ``slates.jsonl`` rows (empty when absent).
+        provenance: ``PROVENANCE.json`` of the directory (None when absent).
+    """
+
+    path: Path
+    config: dict
+    signal: str
+    agents: list[str]
+    metrics: pd.DataFrame
+    eval: dict | None = None
+    initial_eval: dict | None = None
+    slates: list[dict] = field(default_factory=list)
+    provenance: dict | None = None
+
+    @property
+    def label(self) -> str:
+        """A run's name in tables, ``signal``, or ``<arm> seed<k>`` for a run of a comparison
+        (a directory named ``seed<k>``) or with a seed other than 0.
+
+        The arm (:attr:`arm`) is the signal in a comparison laid out by signal; in a grid it
+        is the folder's name, so two arms of one signal and seed (``removal-group seed0`` and
+        ``removal-b0.1-group seed0``) keep apart in :func:`health` and :func:`eval_table`.
+        """
+        seed = self.config.get("seed", 0)
+        in_comparison = self.path.name.startswith("seed")
+        return f"{self.arm} seed{seed}" if seed or in_comparison else self.signal
+
+    @property
+    def arm(self) -> str:
+        """The name of the folder above ``seed<k>`` (the arm of a grid or comparison, such as
+        ``removal-group`` or ``control``), or the signal for a run outside one."""
+        return self.path.parent.name if self.path.name.startswith("seed") else self.signal
+
+    @property
+    def scale_rewards(self) -> str:
+        """The run's advantage scaling (``"group"`` for a recording that predates the key: the
+        engine's default)."""
+        return self.config.get("scale_rewards", "group")
+
+    @property
+    def advantage_eps(self) -> float:
+        """The ``eps`` of the run's standardised advantages (``ADVANTAGE_EPS``, 1e-4, for a
+        recording that predates the key)."""
+        return float(self.config.get("advantage_eps", ADVANTAGE_EPS))
+
+    @property
+    def slates_per_update(self) -> int:
+        """Slates per rollout (prompts per update times m)."""
+        return int(self.config["prompts_per_update"] * self.config["completions_per_agent"])
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_run(path: str | os.PathLike) -> Run:
+    """Read a run directory (``config.json`` and ``metrics.jsonl`` required; the rest optional)."""
+    path = Path(path)
+    saved = read_json(path / CONFIG)
+    if saved is None:
+        raise FileNotFoundError(f"{path} holds no config.json: not a run directory")
+    rows = read_jsonl(path / METRICS)
+    if not rows:
+        raise FileNotFoundError(f"{path} holds no metrics.jsonl rows")
+    cfg = saved["config"]
+    return Run(path=path, config=cfg, signal=saved["signal"], agents=[a["name"] for a in cfg["agents"]],
+               metrics=pd.DataFrame(rows), eval=read_json(path / EVAL),
+               initial_eval=read_json(path / INITIAL_EVAL), slates=read_jsonl(path / SLATES),
+               provenance=read_json(path / PROVENANCE))
+
+
+def read_comparison(folder: str | os.PathLike) -> list[Run]:
+    """Every run of a comparison laid out as ``<folder>/<signal>/seed<k>/``, sorted by signal and seed.
+
+    Folders without a ``config.json`` (a run still being written) are skipped.
+    """
+    folder = Path(folder)
+    runs = [read_run(f.parent) for f in folder.glob("*/seed*/config.json")
+            if (f.parent / "metrics.jsonl").is_file()]
+    return sorted(runs, key=lambda r: (r.signal, r.config.get("seed", 0)))
