@@ -17,6 +17,11 @@ Runs on a GPU when one is visible, else on the CPU. In one process, on one model
     completions), the update's inner step.
 (d) one whole update of the trainer (:class:`mcpg.grpo.train.Engine`: rollout, rewards,
     routing, credit, clipped loss and optimizer step, router step) on a small batch.
+(e) the shared-prefix pass against the unshared one on the grid's configuration
+    (``data/configs/ch08-grid-stop.json`` with ``mask_truncated_completions``; the tiny
+    random model in CI mode): the actor's forward + backward and the rollout, each arm
+    interleaved with the others, as ``benchmarks/bench_prefix.py`` runs them (its
+    :func:`compare`), on this device.
 
 Peak memory per part: ``torch.cuda.max_memory_allocated`` on a GPU, the peak resident set
 (``VmHWM``, reset between parts through ``/proc/self/clear_refs``) on a CPU.
@@ -304,6 +309,32 @@ def project(per_gen_token_s, per_scored_token_s, params, prompt_len, ops_step, l
                    "Projections, not measurements."}
 
 
+def bench_prefix(model: str, device: torch.device, dtype: str, repeats: int) -> dict:
+    """Part (e): ``bench_prefix.compare`` on its own engine of the grid's configuration, with
+    ``model`` (the tiny random model: its own small configuration)."""
+    import importlib.util
+
+    from mcpg.grpo.configs import resolve_config
+    from mcpg.grpo.train import Engine
+
+    spec = importlib.util.spec_from_file_location("bench_prefix", Path(__file__).with_name("bench_prefix.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tiny = model == "tiny-random"
+    config = "tiny-random" if tiny else str(mod.GRID)
+    over = {"mask_truncated_completions": True, "progress": False, "eval_problems": 2,
+            "model": model, "device": device.type, "dtype": dtype}
+    if tiny:
+        over.update(train_micro_batch=4, completions_per_agent=4)
+    eng = Engine(resolve_config(config, **over), "wta")
+    try:
+        return {"config": config, "overrides": over, **mod.compare(eng, repeats)}
+    finally:
+        del eng
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -315,7 +346,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on a CPU, "
                                                   "bfloat16 on a GPU)")
-    ap.add_argument("--parts", default="abcd", help="which parts to run, e.g. 'ab'")
+    ap.add_argument("--parts", default="abcde", help="which parts to run, e.g. 'ab'")
     ap.add_argument("--out", default=None, help="JSON path (default: results/<device>-<model>.json)")
     args = ap.parse_args(argv)
     if args.tiny_random:
@@ -352,6 +383,8 @@ def main(argv=None) -> dict:
         result["update"] = bench_update(eng, args.tokens, device, args.repeats)
         result["update"]["prompts_per_update"] = cfg["prompts_per_update"]
         result["update"]["completions_per_agent"] = cfg["completions_per_agent"]
+    if "e" in args.parts:
+        result["prefix"] = bench_prefix(args.model, device, dtype, max(args.repeats, 2))
     if "b" in args.parts and "c" in args.parts:
         g = result["rollout"]["engine"]["wall_s"] / (args.rows * args.tokens)
         s = result["scoring_backward"]["wall_s"] / (result["scoring_backward"]["rows"]

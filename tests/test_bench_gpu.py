@@ -34,6 +34,18 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     for name in ("colab", "paper"):
         p = res["projection"]["configs"][name]
         assert p["this_device"]["run_h"] > 0 and p["gpu_estimate"]["run_h"] > 0
+    # (e) the shared-prefix comparison: every arm timed at every repeat, ratios from those times
+    pre = res["prefix"]
+    assert all(len(v) == len(pre["seconds"]["actor/unshared"]) >= 2 for v in pre["seconds"].values())
+    assert pre["ratio_to_unshared"]["update"] == pytest.approx(
+        (pre["median_s"]["rollout/shared"] + pre["median_s"]["actor/shared"])
+        / (pre["median_s"]["rollout/unshared"] + pre["median_s"]["actor/unshared"]))
+    # m = 4 completions per (agent, prompt), micro-batches of 4 rows: each micro-batch is one group,
+    # so the shared arm runs one prompt per micro-batch, a quarter of the unshared arm's
+    assert pre["prompt_runs_shared"] == pre["micro_batches"] == pre["rows"] // 4
+    pos = pre["positions_shared"]
+    assert pos["prompt_real"] <= pos["prompt_run"] == pos["prompt_run_unshared"] // 4
+    assert pos["completion_real"] <= pos["completion_run"]
     # the paper's model is bigger than colab's: a larger projected update, on this device
     cfgs = res["projection"]["configs"]
     assert cfgs["paper"]["this_device"]["update_s"] > cfgs["colab"]["this_device"]["update_s"]

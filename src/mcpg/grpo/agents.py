@@ -206,7 +206,9 @@ class AgentPool:
         seed: seeds the adapters' random initialisation (LoRA's B starts at 0, so every
             agent starts as the base model and they differ only by prompt and temperature).
         share_prefill: compute the prompt's KV cache once per (prompt, agent) pair and copy it
-            to that pair's m completions, instead of m identical prefills.
+            to that pair's m completions, instead of m identical prefills, in the rollout and in
+            differentiable scoring (:meth:`_shared_prompt_hidden`); False: every row runs its
+            own prompt. The same results either way (config key ``shared_prefix``).
         multilora: apply the adapters of a mixed batch with :class:`~mcpg.grpo.multilora.MultiLoRA`
             (3 batched ops per LoRA layer) instead of peft's per-adapter split; the same function,
             far fewer ops (kernel launches on a GPU). Falls back to peft when the LoRA layers are
@@ -498,14 +500,39 @@ class AgentPool:
     def _shared_prompt_hidden(self, decoder, batch, pair_adapters, row_map, first, input_ids, attention,
                               position_ids):
         """Hidden states (N, T, d) that predict each row's completion tokens, with each (prompt,
-        agent) pair's prompt run once.
+        agent) pair's prompt run once (the shared-prefix pass; config key ``shared_prefix``).
 
-        The m completions of one pair share their prompt, so it is run once, with gradients, and
-        its KV cache is indexed out to the m rows (autograd sums the rows' gradients through the
-        indexing): the same log-probs and gradients as one pass over every row's prompt +
-        completion, at 1/m of the prompt's cost. With ``gradient_checkpointing`` both passes
-        keep only each decoder layer's input (and the KV cache, which the forward pass holds
-        anyway) for the backward pass.
+        The m completions of one pair share their prompt tokens and their adapter, so
+
+        1. the prompt of each pair runs once, with gradients, through the decoder, keeping its
+           key-value cache;
+        2. the cache is expanded to the pair's rows by indexing its batch dimension
+           (``DynamicCache.batch_select_indices``: ``keys[rows]``, ``values[rows]``), an
+           indexing op, so autograd sums the rows' gradients back into the prompt's keys and
+           values, hence into its activations and every LoRA factor that made them;
+        3. only the completion tokens of every row run on that cache, each row under its own
+           adapter (one mixed-adapter batch, :class:`~mcpg.grpo.multilora.MultiLoRA`).
+
+        Exact, up to float summation order: the log-probabilities and every adapter's gradient
+        are those of one pass over every row's prompt + completion, because the inputs are the
+        same — the same prompt tokens, left-padded to the batch's prompt width; the same
+        attention mask (the prompt's followed by the completion's, so a right-padded
+        completion's pads stay masked); the same position ids (``cumsum(mask) - 1``, the
+        positions ``generate`` used); the same temperature per row. The prompt's cost falls to
+        1/m. ``tests/test_grpo_prefix.py`` checks it (per-token log-probabilities, each
+        adapter's gradient, a whole update's metrics row for every loss type) on the tiny random
+        model and on SmolLM2-135M.
+
+        Scoring takes this path when the pool can run the decoder and the head apart
+        (``logprob_chunk`` > 0, :class:`~mcpg.grpo.multilora.MultiLoRA`) and the rows repeat a
+        pair. It works on whatever rows it is given: a micro-batch (config key ``train_micro_batch``)
+        that splits a pair runs that pair's prompt once per piece (still exact, only dearer), and
+        a micro-batch without a repeated pair takes the unshared path. Data parallelism is
+        unchanged: each process scores its own rows, and the loss normalisers and gradients are
+        summed across processes as before. With ``gradient_checkpointing`` both passes keep
+        only each decoder layer's input (and the KV cache, which the forward pass holds anyway)
+        for the backward pass; a checkpointed layer that extends the cache gets it back as the
+        forward pass found it for its recomputation (:meth:`_install_checkpointing`).
         """
         P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
         self._checkpointing = True

@@ -170,6 +170,12 @@ class GRPOConfig(Mapping):
     """scoring keeps only each layer's input for backward (less memory)."""
     logprob_chunk: int = 512
     """tokens per chunk of output head + log-softmax in scoring; 0 — all at once."""
+    shared_prefix: bool = True
+    """run each (agent, prompt) pair's prompt once, not once per completion, in the rollout's
+    prefill and in the actor's scoring pass (AgentPool.share_prefill; how and why it is exact:
+    AgentPool._shared_prompt_hidden). The same log-probabilities and gradients as False (every
+    row runs its own prompt), up to float summation order, at 1/m of the prompt's cost. Every
+    run recorded before this key existed ran with it on."""
     report_to: list[str] = field(default_factory=list)
     """where else metrics.jsonl's scalars go — [] (nowhere) | ["tensorboard"] (the optional extra)."""
 
@@ -276,7 +282,7 @@ def _check(cfg: GRPOConfig) -> None:
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
     _positive_int(cfg, "logprob_chunk", allow_zero=True)
-    for key in ("stop_at_answer", "mask_truncated_completions"):
+    for key in ("stop_at_answer", "mask_truncated_completions", "shared_prefix"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["gradient_checkpointing"], bool):

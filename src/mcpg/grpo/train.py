@@ -251,6 +251,7 @@ class Engine:
             instruction=cfg["instruction"],
             gradient_checkpointing=cfg["gradient_checkpointing"],
             logprob_chunk=cfg["logprob_chunk"],
+            share_prefill=cfg["shared_prefix"],
         )
         self.features = CandidateFeatures(
             self.K, cfg["question_features"], cfg["candidate_features"], kind=cfg["router_features"]
