@@ -40,6 +40,7 @@ __all__ = [
     "reliability_curve",
     "candidate_cells",
     "cell_targets",
+    "cell_table",
     "candidate_table",
     "enumerate_feedback",
     "enumerate_reward_aware_feedback",

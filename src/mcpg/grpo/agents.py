@@ -207,7 +207,7 @@ class AgentPool:
             agent starts as the base model and they differ only by prompt and temperature).
         share_prefill: compute the prompt's KV cache once per (prompt, agent) pair and copy it
             to that pair's m completions, instead of m identical prefills, in the rollout and in
-            differentiable scoring (:meth:`_shared_prompt_hidden`); False: every row runs its
+            differentiable scoring (``_shared_prompt_hidden``); False: every row runs its
             own prompt. The same results either way (config key ``shared_prefix``).
         multilora: apply the adapters of a mixed batch with :class:`~mcpg.grpo.multilora.MultiLoRA`
             (3 batched ops per LoRA layer) instead of peft's per-adapter split; the same function,

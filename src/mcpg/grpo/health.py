@@ -43,8 +43,8 @@ def learning_curve(runs: Run | list[Run], window: int = 5) -> pd.DataFrame:
 def health(runs: Run | list[Run]) -> pd.DataFrame:
     """Health metrics in long form: one row per run, update, agent and metric.
 
-    Per-agent metrics (:data:`PER_AGENT_METRICS`) get the agent's name; per-update metrics
-    (:data:`SCALAR_METRICS`) get agent ``"all"``. Keys a run's rows do not hold (an older
+    Per-agent metrics (:data:`~mcpg.grpo.rundir.PER_AGENT_METRICS`) get the agent's name; per-update metrics
+    (:data:`~mcpg.grpo.rundir.SCALAR_METRICS`) get agent ``"all"``. Keys a run's rows do not hold (an older
     recording) are skipped. Columns: ``run``, ``signal``, ``update``, ``agent``, ``metric``, ``value``.
     """
     rows = []

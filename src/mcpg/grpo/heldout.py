@@ -61,7 +61,7 @@ def paired_row(a, b, level: float = 0.95) -> dict:
 def eval_table(runs: Run | list[Run], frozen: bool = True) -> pd.DataFrame:
     """Table 1's diagnostics of each finished run, the untrained pool's accuracy, and the frozen model.
 
-    One row per run (its label) with :data:`EVAL_KEYS`, ``initial_accuracy`` (NaN when not
+    One row per run (its label) with ``EVAL_KEYS``, ``initial_accuracy`` (NaN when not
     recorded) and ``n``; with ``frozen`` a first row ``frozen (single agent)`` holds the base
     model's greedy accuracy of the first run (all runs of one comparison share it).
     """
@@ -151,7 +151,7 @@ def signals_over_seeds(runs: list[Run], a: str = "removal", b: str = "wta",
     differences, whose ``n`` is the number of seeds (NaN with one seed): a training seed
     changes the whole trajectory, so seeds, not problems, are the independent replicates.
 
-    ``by="arm"`` names ``a`` and ``b`` by :attr:`Run.arm` instead (``removal-b0.1-group``
+    ``by="arm"`` names ``a`` and ``b`` by :attr:`~mcpg.grpo.rundir.Run.arm` instead (``removal-b0.1-group``
     against ``removal-group``: one signal, two configurations). Raises :class:`NoPairedSeeds`
     when no seed has both, and ``ValueError`` when two runs share a name and seed (a grid's
     K = 1 control is a ``wta`` run too: leave it out).

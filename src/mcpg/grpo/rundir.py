@@ -41,28 +41,28 @@ CHECKPOINT, ADAPTERS, ROUTER = "checkpoint", "adapters", "router.safetensors"
 
 PER_AGENT_METRICS = ("agent_accuracy", "selected_fraction", "credit_mean", "zero_std_fraction",
                      "zero_std_reward_fraction", "loss")
-"""metrics.jsonl keys that hold one value per agent (in the config's agent order)."""
+"""The metrics.jsonl keys that hold one value per agent (in the config's agent order)."""
 
 SCALAR_METRICS = ("reward", "oracle", "entropy", "brier", "specialization", "truncated",
                   "completion_tokens", "clip_fraction", "router_loss", "router_slates",
                   "exact_evaluations", "feedback_cost", "exact_share", "exact_share_expected")
-"""metrics.jsonl keys that hold one value per update."""
+"""The metrics.jsonl keys that hold one value per update."""
 
 ROW_KEYS = ("update", "signal", "seconds")
-"""metrics.jsonl keys that are not metrics: the update's number, the signal, wall times
-(``rollout``, ``actor``, ``total``); and ``eval`` (an evaluation, every ``eval_every`` updates)."""
+"""The metrics.jsonl keys that are not metrics (the update's number, the signal, wall times
+``rollout``, ``actor``, ``total``), and ``eval`` (an evaluation, every ``eval_every`` updates)."""
 
 METRICS_KEYS = ROW_KEYS + PER_AGENT_METRICS + SCALAR_METRICS
 """Every key of a metrics.jsonl row (``eval`` aside, which only some rows hold)."""
 
 SLATE_KEYS = ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")
-"""slates.jsonl keys, each one entry per slate: rewards (K), the deployed index, its reward, the
+"""The slates.jsonl keys, each one entry per slate (rewards (K), the deployed index, its reward, the
 propensities (K), the leave-one-out propensities (K x K), the outcome estimates (K), the credit
-scores (K), cut at the token budget (K), completion lengths (K)."""
+scores (K), cut at the token budget (K), completion lengths (K))."""
 
 SLATE_BUDGET_KEYS = ("exact_z", "exact_p")
-"""slates.jsonl keys with an exact budget (config key ``exact_budget`` > 0): evaluated exactly,
-and its probability."""
+"""The slates.jsonl keys with an exact budget (config key ``exact_budget`` > 0), evaluated
+exactly and its probability."""
 
 EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret", "base_accuracy",
                   "agent_accuracy", "deployed_fraction", "n", "n_specialty", "correct", "base_correct",
@@ -189,7 +189,8 @@ class Run:
 
         The arm (:attr:`arm`) is the signal in a comparison laid out by signal; in a grid it
         is the folder's name, so two arms of one signal and seed (``removal-group seed0`` and
-        ``removal-b0.1-group seed0``) keep apart in :func:`health` and :func:`eval_table`.
+        ``removal-b0.1-group seed0``) keep apart in :func:`~mcpg.grpo.health.health` and
+        :func:`~mcpg.grpo.heldout.eval_table`.
         """
         seed = self.config.get("seed", 0)
         in_comparison = self.path.name.startswith("seed")

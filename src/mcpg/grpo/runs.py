@@ -1,21 +1,20 @@
 """Recorded GRPO runs as tidy tables: one import for the chapters, by concern underneath.
 
-This module is the re-export layer over four modules, one concern each:
+This module is the re-export layer over four modules, one concern each (each name is
+documented in its own module):
 
-- :mod:`mcpg.grpo.rundir`: reading a run directory (:class:`Run`, :func:`read_run`,
-  :func:`read_comparison`) and the keys it holds (:data:`PER_AGENT_METRICS`,
-  :data:`SCALAR_METRICS`);
-- :mod:`mcpg.grpo.heldout`: held-out comparisons, per problem (:func:`eval_table`,
-  :func:`eval_gains`, :func:`compare_runs`, :func:`per_problem`; paired intervals from
-  :func:`mcpg.stats.paired_difference`, re-exported here as :func:`paired_difference`) and over
-  seeds (:func:`signals_over_seeds`, :func:`compare_signals`, :func:`verdict_table`,
-  :func:`t_interval`);
+- :mod:`mcpg.grpo.rundir`: reading a run directory (``Run``, ``read_run``,
+  ``read_comparison``) and the keys it holds (``PER_AGENT_METRICS``, ``SCALAR_METRICS``);
+- :mod:`mcpg.grpo.heldout`: held-out comparisons, per problem (``eval_table``, ``eval_gains``,
+  ``compare_runs``, ``per_problem``; paired intervals from :func:`mcpg.stats.paired_difference`,
+  re-exported here as ``paired_difference``) and over seeds (``signals_over_seeds``,
+  ``compare_signals``, ``verdict_table``, ``t_interval``);
 - :mod:`mcpg.grpo.slate_diagnostics`: Eq. (19) and the advantages on the logged slates
-  (:func:`slate_credit`, :func:`group_signal`, :func:`expected_advantage`,
-  :func:`advantage_bias`, :func:`advantage_alignment`, :func:`advantage_by_outcome`,
-  :func:`slate_groups`, :func:`allocation_risks`, :func:`advantage_distance`);
-- :mod:`mcpg.grpo.health`: :func:`learning_curve`, :func:`health`, :func:`health_table` with
-  chapter 8's bars (:data:`HEALTH_BARS`), :func:`feedback_table`, :func:`recording_summary`.
+  (``slate_credit``, ``group_signal``, ``expected_advantage``, ``advantage_bias``,
+  ``advantage_alignment``, ``advantage_by_outcome``, ``slate_groups``, ``allocation_risks``,
+  ``advantage_distance``);
+- :mod:`mcpg.grpo.health`: ``learning_curve``, ``health``, ``health_table`` with chapter 8's
+  bars (``HEALTH_BARS``), ``feedback_table``, ``recording_summary``.
 
 :func:`probe_answers`, which reads ``scripts/ch08_cut_answers.py``'s output, lives here.
 

@@ -5,7 +5,8 @@ On groups of slates (arrays; the simulated pool of chapter 7 reads them too):
 
 - :func:`advantage_moments`, :func:`expected_advantages`: ``E[A | completions]`` and
   ``E[A^2 | completions]`` over the router's draws, exactly (enumerated over the K^m draws);
-- :func:`group_alignment`: how much of a signal's advantage is about the completion it is given;
+- :func:`group_alignment`: how much of a signal's advantage is about the completion it is
+  given;
 - :func:`group_by_outcome`: which kinds of completion (:data:`OUTCOMES`) it pushes towards.
 
 On a recorded run's logged slates (:class:`mcpg.grpo.rundir.Run`):
@@ -18,7 +19,8 @@ On a recorded run's logged slates (:class:`mcpg.grpo.rundir.Run`):
 - :func:`expected_advantage`, :func:`advantage_bias`: the bias group standardisation adds;
 - :func:`slate_groups`: the logged slates as the arrays above;
 - :func:`advantage_alignment`, :func:`advantage_by_outcome`: the tables of
-  :func:`group_alignment` and :func:`group_by_outcome` over signals and scalings.
+  :func:`~mcpg.grpo.slate_diagnostics.group_alignment` and
+  :func:`~mcpg.grpo.slate_diagnostics.group_by_outcome` over signals and scalings.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def expected_advantages(signal: str, p, P, mu_hat, rewards_all, scale_rewards: s
                         eps: float = ADVANTAGE_EPS) -> np.ndarray:
     """``E[A | completions]``: each agent's GRPO advantage averaged over the router's draw, exactly.
 
-    The first of :func:`advantage_moments` (same arguments and cost).
+    The first of :func:`~mcpg.grpo.slate_diagnostics.advantage_moments` (same arguments and cost).
     Centred (``"none"``), advantages are linear in the scores, so for ``"removal"`` (Eq. 19,
     unbiased given the slate, Corollary 3) the result equals the centred exact removal contribution
     (``"oracle"``). Standardised, it need not: in a group with no right candidate every exact
@@ -114,7 +116,7 @@ def group_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str =
     """How much of the GRPO advantage a signal hands a completion is about that completion.
 
     Over every completion of the groups given (uniform weight) and the router's draws
-    (exact, :func:`advantage_moments`), with the completion's own
+    (exact, :func:`~mcpg.grpo.slate_diagnostics.advantage_moments`), with the completion's own
     reward ``R`` fixed:
 
     - ``corr``: the correlation of the advantage ``A`` with ``R``. An agent's GRPO step is
@@ -128,7 +130,7 @@ def group_alignment(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str =
       second moment that is left after averaging over the router's draws (1 for ``"oracle"``);
       the rest is the noise the draw adds.
 
-    Arguments as :func:`advantage_moments`. NaN where ``R`` or ``A``
+    Arguments as :func:`~mcpg.grpo.slate_diagnostics.advantage_moments`. NaN where ``R`` or ``A``
     does not vary. ``moments``: that function's ``(first, second)`` for the same arguments,
     when the caller has them already (the enumeration over draws is the whole cost).
     """
@@ -167,7 +169,8 @@ def group_by_outcome(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str 
     standardising gives every group a unit-size step and changes which completions end up below
     the mean (chapter 8 measures both on the recorded slates).
 
-    Arguments as :func:`advantage_moments`. Returns ``{kind: {"share", "mean_advantage"}}``;
+    Arguments as :func:`~mcpg.grpo.slate_diagnostics.advantage_moments`. Returns ``{kind: {"share",
+    "mean_advantage"}}``;
     ``mean_advantage`` is NaN for a kind with no completion.
     """
     first, second = advantage_moments(signal, p, P, mu_hat, rewards_all, scale_rewards, eps)
@@ -377,7 +380,7 @@ def expected_advantage(run: Run) -> pd.DataFrame:
     the completions: ``E[A | completions]`` under both advantage scalings, on the logged slates.
 
     Within one GRPO group (agent i, one prompt's m slates) the router draws I_g ~ p_g on each
-    slate independently; :func:`expected_advantages` sums the run's signal's
+    slate independently; :func:`~mcpg.grpo.slate_diagnostics.expected_advantages` sums the run's signal's
     advantages over all K^m joint draws, exactly.
 
     Centred advantages are linear in the credits, so their expectation is the centred
@@ -413,7 +416,7 @@ def expected_advantage(run: Run) -> pd.DataFrame:
 def slate_groups(run: Run) -> list[np.ndarray]:
     """All of a run's logged slates as GRPO groups, updates one after another: ``[p, P, mu_hat,
     R]``, each ``(groups, m, K)`` (``P``: ``(groups, m, K, K)``), the arrays that
-    :func:`advantage_moments` and the simulated pool's
+    :func:`~mcpg.grpo.slate_diagnostics.advantage_moments` and the simulated pool's
     ``group_diagnostics`` read."""
     return [np.concatenate(x) for x in zip(*(g for _, g in _grouped_slates(run)))]
 
@@ -421,7 +424,7 @@ def slate_groups(run: Run) -> list[np.ndarray]:
 def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
                         scalings=("group", "none")) -> pd.DataFrame:
     """How much of each signal's GRPO advantage is about the completion it is given, on one
-    run's logged slates: :func:`group_alignment` over all its groups.
+    run's logged slates: :func:`~mcpg.grpo.slate_diagnostics.group_alignment` over all its groups.
 
     The slates are the run's own, so every signal is read on the same completions, routed by
     the same router: what winner-take-all, Eq. (19) and the exact removal contribution would
@@ -439,10 +442,10 @@ def advantage_alignment(run: Run, signals=("wta", "removal", "oracle"),
 def advantage_by_outcome(run: Run, signals=("wta", "removal", "oracle"),
                          scalings=("group", "none")) -> pd.DataFrame:
     """Which completions each signal's advantage pushes towards, on one run's logged slates:
-    :func:`group_by_outcome` over all its groups.
+    :func:`~mcpg.grpo.slate_diagnostics.group_by_outcome` over all its groups.
 
     One row per (signal, scaling), one column per kind of completion
-    (:data:`OUTCOMES`): the mean of ``E[A | completions]`` over that kind,
+    (:data:`~mcpg.grpo.slate_diagnostics.OUTCOMES`): the mean of ``E[A | completions]`` over that kind,
     in units of the advantage's rms. A right answer that another agent's candidate on the same
     slate also gets right is where winner-take-all's and the exact removal contribution's
     advantages part. The kinds' shares of the completions are in ``frame.attrs["share"]``.

@@ -322,7 +322,7 @@ class Engine:
     # -- one update --------------------------------------------------------------------------
     def update(self, progress: bool = False) -> dict:
         """One update of paper §8, top to bottom; returns the metrics row (the rollout's logged
-        slates are left in :attr:`last_slates`, the rows of ``slates.jsonl``)."""
+        slates are left in ``last_slates``, the rows of ``slates.jsonl``)."""
         cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
         t0 = time.perf_counter()
         problems = self._draw_problems()

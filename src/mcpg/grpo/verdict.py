@@ -2,11 +2,11 @@
 
 Chapter 8 compares credit signals on a grid of recorded runs laid out as
 ``<grid>/<arm>/seed<k>/`` (arms ``control``, ``wta-<scaling>``, ``removal-<scaling>``,
-``oracle-<scaling>``; :func:`mcpg.grpo.runs.read_comparison` reads them). A training seed changes
+``oracle-<scaling>``; :func:`mcpg.grpo.rundir.read_comparison` reads them). A training seed changes
 the whole trajectory, so the seeds, not the held-out problems, are the replicates: every interval
 here is a Student-t interval over seeds (:func:`mcpg.stats.paired_difference` for a difference of
-two arms paired by seed, :func:`mcpg.grpo.runs.t_interval` for one arm), and the per-problem
-intervals of one seed (:func:`mcpg.grpo.runs.compare_runs`) are that seed's evaluation noise only.
+two arms paired by seed, :func:`mcpg.grpo.heldout.t_interval` for one arm), and the per-problem
+intervals of one seed (:func:`mcpg.grpo.heldout.compare_runs`) are that seed's evaluation noise only.
 
 - :func:`seed_measures`: per finished run, the paper's Table 1 columns (§8): deployed accuracy,
   the agents' mean (a uniform router), best-of-K (the paper's "Oracle" column), routing entropy,
@@ -45,8 +45,8 @@ __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_t
            "cut_answer_kinds", "paired_seed_figure", "arm_figure", "eq19_figure"]
 
 TABLE1_ROWS = ("frozen", "control", "wta", "removal", "oracle")
-"""Table 1's rows as this book records them: the frozen base model, the K = 1 positive control,
-and the three routed signals (the oracle trains on the exact removal contribution)."""
+"""Table 1's rows as this book records them (the frozen base model, the K = 1 positive control,
+and the three routed signals; the oracle trains on the exact removal contribution)."""
 
 TABLE1_COLUMNS = ("deployed", "agents' mean", "best-of-K", "entropy", "brier", "specialization", "regret")
 """Held-out measures, deployed accuracy first (the paper's claim); ``best-of-K`` is the paper's
@@ -193,7 +193,7 @@ def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scal
 
     Rows: ``every pair``; ``cut in training <= bar`` (both runs' cut share over their last five
     updates at most ``HEALTH_BARS["truncated"]``); ``every bar`` (both runs ``healthy`` in
-    :func:`mcpg.grpo.runs.health_table`); ``and cut held-out <= bar`` (also the held-out greedy
+    :func:`mcpg.grpo.health.health_table`); ``and cut held-out <= bar`` (also the held-out greedy
     answers' cut share at most the same bar). Columns: ``mean``, ``low``, ``high`` (NaN with
     fewer than two pairs), ``pairs`` and ``left out`` (the seeds left out, named).
     """
@@ -334,7 +334,7 @@ def arm_figure(runs: list[Run], title: str, measures=("deployed", "agents' mean"
 def eq19_figure(sc: pd.DataFrame, title: str, ax=None):
     """Eq. (19) from one draw (dots: deployed, crosses: not) and its exact expectation over the
     router's draw (circles) against the exact removal contribution, on the rows of
-    :func:`mcpg.grpo.runs.slate_credit`. Corollary 3 puts the circles on the diagonal."""
+    :func:`mcpg.grpo.slate_diagnostics.slate_credit`. Corollary 3 puts the circles on the diagonal."""
     import matplotlib.pyplot as plt
 
     from ..plotting import METHOD_COLORS
