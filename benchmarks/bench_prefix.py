@@ -32,7 +32,6 @@ shared machine; never compare absolute times across runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -55,24 +54,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS (Linux)
+def _memory_helpers():
+    """bench_gpu.py's peak-memory reset and reading (CUDA's allocator, or VmHWM on Linux)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).with_name("bench_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._reset_peak, mod._peak_bytes
 
 
-def _peak_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated())
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return None
+_reset_peak, _peak_bytes = _memory_helpers()
 
 
 def _parse_sets(sets: list[str]) -> dict:
