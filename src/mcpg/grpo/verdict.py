@@ -38,7 +38,10 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from .runs import HEALTH_BARS, Run, eval_gains, health_table, probe_answers, t_interval
+from .health import HEALTH_BARS, health_table
+from .heldout import eval_gains, t_interval
+from .rundir import Run
+from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
            "seed_verdict", "power", "health_sensitivity", "control_gains", "dropouts",
