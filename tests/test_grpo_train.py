@@ -504,3 +504,19 @@ def test_exact_budget_config_is_checked():
             cfg.replace(**bad)
     with pytest.raises(ValueError, match="removal"):
         Engine(cfg.replace(exact_budget=0.1), "wta")
+
+
+def test_close_process_group_stops_a_started_group(monkeypatch):
+    """The CLI ends every run by destroying torch.distributed's group (a gloo worker left
+    running at exit can abort the process after the run finished); with no group it is a no-op."""
+    from mcpg.grpo._runtime import close_process_group
+
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    close_process_group()  # nothing started: nothing happens
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29533")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    assert torch.distributed.is_initialized()
+    close_process_group()
+    assert not torch.distributed.is_initialized()

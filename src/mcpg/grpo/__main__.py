@@ -200,8 +200,10 @@ def _run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    ok = False
     try:
         result = _run(args)
+        ok = True
     except (UsageError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -209,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
+    finally:
+        if "torch" in sys.modules:  # a run started: stop its process group before exiting
+            from ._runtime import close_process_group
+
+            close_process_group(wait=ok)
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch / torchrun: the main process reports
         print(json.dumps(result, indent=2))
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Dist", "rng_state", "set_rng_state", "write_json", "json_default"]
+__all__ = ["Dist", "close_process_group", "rng_state", "set_rng_state", "write_json", "json_default"]
 
 
 class Dist:
@@ -42,6 +42,22 @@ class Dist:
     def barrier(self):
         if self.world > 1:
             self.acc.wait_for_everyone()
+
+
+def close_process_group(wait: bool = True) -> None:
+    """Shut down torch.distributed's default process group, if one was started.
+
+    Under ``accelerate launch`` each process holds a gloo (or NCCL) group whose threads must
+    stop before the interpreter exits; left to exit, a worker can abort with "terminate
+    called without an active exception" after the run has finished. ``wait``: meet the
+    other processes first (on success; after an error they may never arrive).
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if wait:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def rng_state(data_rng, select_rng) -> dict:
