@@ -20,6 +20,9 @@ intervals of one seed (:func:`mcpg.grpo.heldout.compare_runs`) are that seed's e
   fail a health bar (named, nothing dropped silently);
 - :func:`control_gains`, :func:`dropouts`, :func:`cut_answer_kinds`: a grid's K = 1 controls,
   its agents that stop answering, a probe's cut answers by kind;
+- :func:`arms_over_seeds`: named arms against named references (chapter 9's budgeted arms
+  against removal alone, the oracle and the uniform allocation), over the seeds each pair holds;
+  :func:`config_departures`: where a run's configuration departs from a reference run's;
 - figures: :func:`paired_seed_figure` (one line per seed from one arm to the other),
   :func:`arm_figure` (a dot per seed, the mean with its interval), :func:`eq19_figure` (Eq. 19
   against the exact removal contribution on logged slates).
@@ -39,13 +42,14 @@ import pandas as pd
 
 from .. import stats
 from .health import HEALTH_BARS, health_table
-from .heldout import eval_gains, t_interval
+from .heldout import NoPairedSeeds, eval_gains, signals_over_seeds, t_interval
 from .rundir import Run
 from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
            "seed_verdict", "power", "health_sensitivity", "control_gains", "dropouts",
-           "cut_answer_kinds", "paired_seed_figure", "arm_figure", "eq19_figure"]
+           "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure", "arm_figure",
+           "eq19_figure"]
 
 TABLE1_ROWS = ("frozen", "control", "wta", "removal", "oracle")
 """Table 1's rows as this book records them (the frozen base model, the K = 1 positive control,
@@ -274,6 +278,48 @@ def cut_answer_kinds(folder: str | os.PathLike) -> pd.DataFrame:
     kinds.columns = [c.replace("cut, ", "") for c in kinds.columns]
     kinds["first cut answer"] = pd.Series(first_cut)
     return kinds.rename_axis(["run", "agent"])
+
+
+def arms_over_seeds(runs: list[Run], pairs, measures=("uniform", "deployed"),
+                    level: float = 0.95) -> pd.DataFrame:
+    """Each ``(arm, reference)`` of ``pairs`` over the seeds both arms finished, on each of
+    ``measures`` (:data:`mcpg.grpo.heldout.MEASURES`), arms named by
+    :attr:`~mcpg.grpo.rundir.Run.arm`.
+
+    One row per pair and measure, indexed by ``(arm, reference, measure)``: ``difference`` (the
+    mean over seeds of the per-seed paired per-problem differences, ``arm - reference``),
+    ``low`` and ``high`` (the t-interval of those per-seed differences; NaN with one seed),
+    ``n`` (the seeds) and ``seeds`` (which ones). A pair with no seed in common, or whose
+    reference is None, is left out, so the table holds whatever has been recorded (it is empty,
+    with these columns, when nothing has)."""
+    rows = {}
+    for arm, ref in pairs:
+        if ref is None:
+            continue
+        for measure in measures:
+            try:
+                t = signals_over_seeds(runs, a=arm, b=ref, level=level, measure=measure, by="arm")
+            except NoPairedSeeds:
+                break
+            over = t.loc["over seeds"]
+            seeds = ", ".join(row.removeprefix("seed ") for row in t.index if row != "over seeds")
+            rows[arm, ref, measure] = {"difference": float(over["difference"]), "low": float(over["low"]),
+                                       "high": float(over["high"]), "n": int(over["n"]), "seeds": seeds}
+    index = pd.MultiIndex.from_arrays([[k[i] for k in rows] for i in range(3)],
+                                      names=["arm", "reference", "measure"])
+    columns = ["difference", "low", "high", "n", "seeds"]
+    return pd.DataFrame([rows[k] for k in rows], index=index, columns=columns)
+
+
+def config_departures(run: Run, reference: Run, ignore=("seed",)) -> dict:
+    """Where ``run``'s resolved configuration departs from ``reference``'s: ``{key: (run's value,
+    reference's value)}`` for every key both hold with different values, ``ignore`` aside, and
+    ``{key: (run's value, None)}`` for every key only ``run`` holds (an engine newer than the
+    reference's). Empty when the run is the reference's configuration."""
+    a, b = run.config, reference.config
+    out = {k: (a[k], b[k]) for k in a if k in b and k not in ignore and a[k] != b[k]}
+    out.update({k: (a[k], None) for k in a if k not in b and k not in ignore})
+    return out
 
 
 def paired_seed_figure(panels: dict, a: str = "removal", b: str = "wta", ax=None):
