@@ -188,9 +188,10 @@ def run_ours(cfg, shared: bool, steps: int) -> dict:
             "rss_after_setup_bytes": base, "peak_bytes": _peak_bytes(device)}
 
 
-def _trl_generate(model, tokenizer, record: list, stop_at_answer: bool) -> None:
+def _trl_generate(model, tokenizer, record: list, stop_at_answer: bool, eos_ids=None) -> None:
     """Time ``model.generate`` (what TRL calls) and record its work by TRL's convention (a
-    completion runs up to and with its first EOS; one without EOS is cut). With
+    completion runs up to and with its first EOS, any of ``eos_ids``, the trainer's
+    ``eos_token_ids``, default the tokenizer's; one without EOS is cut). With
     ``stop_at_answer`` it gets the engine's answer-line stop, and a stopped row gets EOS after
     its answer line (TRL's sign of an ended completion)."""
     from transformers import StoppingCriteriaList
@@ -198,6 +199,7 @@ def _trl_generate(model, tokenizer, record: list, stop_at_answer: bool) -> None:
     from mcpg.grpo.agents import _AnswerLine
 
     generate, eos, pad = model.generate, tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos_ids = torch.as_tensor(list(eos_ids) if eos_ids is not None else [eos])
 
     def wrapped(*args, **kwargs):
         rows, n = kwargs["input_ids"].shape
@@ -214,7 +216,7 @@ def _trl_generate(model, tokenizer, record: list, stop_at_answer: bool) -> None:
                 out = torch.cat([out, torch.full_like(out[:, :1], pad)], 1)
             for r in stopped.nonzero().flatten().tolist():
                 out[r, n + int(stop.length[r])] = eos
-        is_eos = out[:, n:].cpu() == eos
+        is_eos = torch.isin(out[:, n:].cpu(), eos_ids)
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full((rows,), is_eos.shape[1]))
         record.append({"generate_s": elapsed, "stopped": int(stopped.sum()),
                        "cut": int((~is_eos.any(1)).sum()),
@@ -247,12 +249,12 @@ def run_trl(cfg, steps: int, workdir: str) -> dict:
     problems = [p for step in draws(cfg, 1 + steps) for p in step]  # the engine's draws, in order
     data = [{"prompt": [{"role": "system", "content": system}, {"role": "user", "content": p["question"]}],
              "question": p["question"], "gold": float(p["gold"])} for p in problems]
-    questions = []
+    questions, eos_ids = [], []  # eos_ids: the trainer's, once it is built
 
     def arithmetic_reward(prompts, completions, completion_ids, gold, question, **kwargs):
         questions.append(question)
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        return [reward(x, g, truncated=not ids or ids[-1] != tok.eos_token_id)
+        return [reward(x, g, truncated=not ids or ids[-1] not in eos_ids)
                 for x, g, ids in zip(texts, gold, completion_ids)]
 
     args = GRPOConfig(
@@ -288,7 +290,8 @@ def run_trl(cfg, steps: int, workdir: str) -> dict:
                               callbacks=[Clock()])
     setup_s = time.perf_counter() - t
     gens, scored = [], []
-    _trl_generate(trainer.model, tok, gens, cfg["stop_at_answer"])
+    eos_ids.extend(trainer.eos_token_ids)
+    _trl_generate(trainer.model, tok, gens, cfg["stop_at_answer"], eos_ids)
     score = trainer._generate_and_score_completions
 
     def timed_score(inputs):
