@@ -79,26 +79,17 @@ TINY = {"model": "tiny-random", "prompts_per_update": 2, "max_new_tokens": 8, "t
 """The CI mode's overrides: the tiny random model, 2 problems x 4 completions, 8 tokens."""
 
 
-def _bench_gpu():
-    spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).with_name("bench_gpu.py"))
+def _sibling(name: str):
+    """The benchmark script ``name``.py beside this one, as a module."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-_gpu = _bench_gpu()
-_reset_peak, _peak_bytes, _sync = _gpu._reset_peak, _gpu._peak_bytes, _gpu._sync  # bench_gpu.py's
-
-
-def _parse_sets(sets: list[str]) -> dict:
-    out = {}
-    for s in sets:
-        key, _, value = s.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+_gpu = _sibling("bench_gpu")
+_reset_peak, _peak_bytes, _sync = _gpu._reset_peak, _gpu._peak_bytes, _gpu._sync
+_parse_sets = _sibling("bench_prefix")._parse_sets
 
 
 def setting(config: str = str(CONTROL), **overrides):
