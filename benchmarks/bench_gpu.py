@@ -22,9 +22,16 @@ Runs on a GPU when one is visible, else on the CPU. In one process, on one model
     random model in CI mode): the actor's forward + backward and the rollout, each arm
     interleaved with the others, as ``benchmarks/bench_prefix.py`` runs them (its
     :func:`compare`), on this device.
+(f) our update against TRL's GRPOTrainer on the grid's K = 1 control setting
+    (``data/configs/ch08-grid-stop-control.json`` with ``mask_truncated_completions``; the
+    tiny random model at its small sizes in CI mode): ``Engine.update`` with the prompt shared
+    and not, and one optimizer step of ``GRPOTrainer``, each arm in its own subprocess, the
+    arms alternating, as ``benchmarks/bench_trl.py`` runs them (its :func:`compare`), on this
+    device; skipped, and said so, when ``trl`` is not installed.
 
 Peak memory per part: ``torch.cuda.max_memory_allocated`` on a GPU, the peak resident set
-(``VmHWM``, reset between parts through ``/proc/self/clear_refs``) on a CPU.
+(``VmHWM``, reset between parts through ``/proc/self/clear_refs``) on a CPU; in (f) per arm,
+each in its own process.
 
 Projection. From (b) and (c) we take the per-token costs on this device, ``g`` = rollout
 seconds per generated token (rows x tokens) and ``s`` = scoring + backward seconds per
@@ -335,6 +342,26 @@ def bench_prefix(model: str, device: torch.device, dtype: str, repeats: int) -> 
             torch.cuda.empty_cache()
 
 
+def bench_trl(model: str, device: torch.device, dtype: str, repeats: int) -> dict:
+    """Part (f): ``bench_trl.compare`` on the grid's K = 1 control setting with ``model`` (the
+    tiny random model: ``bench_trl.TINY``'s sizes), on this device."""
+    import importlib.util
+
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return {"skipped": "trl is not installed"}
+    spec = importlib.util.spec_from_file_location("bench_trl", Path(__file__).with_name("bench_trl.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    over = {**(mod.TINY if model == "tiny-random" else {}), "model": model, "device": device.type,
+            "dtype": dtype,
+            "threads": torch.get_num_threads() if device.type == "cpu" else 0}
+    cfg = mod.setting(str(mod.CONTROL), **over)
+    return {"config": str(mod.CONTROL.relative_to(mod.ROOT)), "overrides": over, "setting": mod._summary(cfg),
+            **mod.compare(cfg, repeats)}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -346,7 +373,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on a CPU, "
                                                   "bfloat16 on a GPU)")
-    ap.add_argument("--parts", default="abcde", help="which parts to run, e.g. 'ab'")
+    ap.add_argument("--parts", default="abcdef", help="which parts to run, e.g. 'ab'")
     ap.add_argument("--out", default=None, help="JSON path (default: results/<device>-<model>.json)")
     args = ap.parse_args(argv)
     if args.tiny_random:
@@ -385,6 +412,8 @@ def main(argv=None) -> dict:
         result["update"]["completions_per_agent"] = cfg["completions_per_agent"]
     if "e" in args.parts:
         result["prefix"] = bench_prefix(args.model, device, dtype, max(args.repeats, 2))
+    if "f" in args.parts:
+        result["trl"] = bench_trl(args.model, device, dtype, args.repeats)
     if "b" in args.parts and "c" in args.parts:
         g = result["rollout"]["engine"]["wall_s"] / (args.rows * args.tokens)
         s = result["scoring_backward"]["wall_s"] / (result["scoring_backward"]["rows"]

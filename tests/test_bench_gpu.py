@@ -46,6 +46,16 @@ def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     pos = pre["positions_shared"]
     assert pos["prompt_real"] <= pos["prompt_run"] == pos["prompt_run_unshared"] // 4
     assert pos["completion_real"] <= pos["completion_run"]
+    # (f) against TRL's GRPOTrainer: every arm timed, on the same problems and prompts
+    trl = res["trl"]
+    if "skipped" in trl:
+        assert importlib.util.find_spec("trl") is None
+    else:
+        assert set(trl["arms"]) == {"ours/shared", "ours/unshared", "trl"}
+        assert trl["same_work"] == {"questions": True, "prompt_tokens": True, "rows": True}
+        for a in trl["arms"].values():
+            assert a["peak_bytes"] > 0 and len(a["seconds"]["step"]) == res["repeats"]
+        assert trl["ratio_to_trl"]["ours/shared"]["step"] > 0
     # the paper's model is bigger than colab's: a larger projected update, on this device
     cfgs = res["projection"]["configs"]
     assert cfgs["paper"]["this_device"]["update_s"] > cfgs["colab"]["this_device"]["update_s"]
