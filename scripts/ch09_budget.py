@@ -4,7 +4,8 @@ For both advantage scalings (``scale_rewards="group"``, the engine's default, an
 the pool of chapter 7 (its default configuration) is trained with
 
 - removal at every budget of ``BUDGETS`` (the expected share of slates evaluated exactly)
-  under each allocation of ``ALLOCATIONS`` (Eq. 22's square root, uniform, proportional);
+  under each allocation of ``ALLOCATIONS`` (Eq. 22's square root, uniform, proportional, and
+  ``leverage``: Eq. 22 before the draw on the exact score norms ‖Ψ‖, p = 0 allowed);
 - budget 0, which is plain removal (Eq. 19 alone), and budget 1, which is the oracle (both
   exactly, bit for bit: tests/test_grpo_simulated.py), recorded once each;
 - the frozen pool and winner-take-all, the references of chapter 7.
@@ -13,7 +14,9 @@ Seeds are fresh: 200-229, not used before this grid was fixed (chapter 7 used 0-
 100-129). Every method of a scaling runs on the same seeds, so differences are paired.
 
 Writes ``data/results/ch09/budget.json`` after every cell (an interrupted run keeps what it
-has; a rerun resumes), with the command, the commit, the date, the machine and the seeds.
+has; a rerun resumes, and a new allocation adds its cells to the recorded ones), with the
+command, the commit, the date, the machine and the seeds; each cell also records the commit
+and date it was computed at (cells recorded before that field existed get the file's).
 Per cell and seed it stores the final value of every metric of chapter 7, the agents' own
 accuracy (each agent's greedy answer and its sampled answer, exact expectations from its
 policy), and for budgeted cells the run's exact evaluations, feedback cost and gradient
@@ -41,7 +44,7 @@ from mcpg.grpo.provenance import commit_state, machine_info
 OUT = Path("data/results/ch09/budget.json")
 SEEDS = list(range(200, 230))
 BUDGETS = [0.02, 0.05, 0.1, 0.25, 0.5]
-ALLOCATIONS = ["sqrt", "uniform", "proportional"]
+ALLOCATIONS = ["sqrt", "uniform", "proportional", "leverage"]
 SCALINGS = ["group", "none"]
 KEYS = sim.EVAL_KEYS + sim.SAMPLED_KEYS + sim.DIAGNOSTIC_KEYS
 
@@ -101,6 +104,9 @@ def main() -> None:
         old = json.loads(args.out.read_text())
         if old.get("seeds") == seeds and old.get("budgets") == BUDGETS:
             data = old
+            for r in data["results"]:  # cells of an earlier recording keep its provenance
+                r.setdefault("commit", old["commit"])
+                r.setdefault("date", old["date"])
     done = {(r["scale_rewards"], r["method"], r["exact_budget"], r["allocation"]) for r in data["results"]}
     data.update(
         {
@@ -126,7 +132,8 @@ def main() -> None:
             cfg = replace(cfg, exact_budget=b, allocation=alloc)
         run = sim.train_pool(cfg, method, seeds)
         data["results"].append({"scale_rewards": scale, "method": method, "exact_budget": b,
-                                "allocation": alloc, **record(run)})
+                                "allocation": alloc, **record(run), "commit": data["commit"],
+                                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
         done.add((scale, method, b, alloc))
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
