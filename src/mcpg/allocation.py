@@ -372,9 +372,11 @@ def predraw_allocation(w2, cost, budget) -> np.ndarray:
         first = np.where(ok.any(1), ok.argmax(1), n[:, 0])  # saturated count per n
         fill = (S[n[:, 0]] - S[first]) ** 2 / (B - first) - (Q[n[:, 0]] - Q[first])
         fill = np.where(first < n[:, 0], np.where(B - first > 0, fill, np.inf), 0.0)
-    risk = fill + (Q[-1] - Q[n[:, 0]])
-    best = int(np.argmin(risk))  # the first of equal risks: the fewest evaluated slates
-    n_best, k_best = best + 1, int(first[best])
+    risk = np.concatenate(([Q[-1]], fill + (Q[-1] - Q[n[:, 0]])))  # n = 0: evaluate nothing
+    n_best = int(np.argmin(risk))  # the first of equal risks: the fewest evaluated slates
+    if n_best == 0:
+        return p.reshape(w2.shape)
+    k_best = int(first[n_best - 1])
     q = np.ones(n_best)
     if k_best < n_best:
         t = (B - k_best) / (S[n_best] - S[k_best])
