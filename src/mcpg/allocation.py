@@ -334,8 +334,9 @@ def predraw_allocation(w2, cost, budget) -> np.ndarray:
 
     ``w2`` per slate (non-negative), ``cost`` per slate, all equal and positive (one
     evaluation queries the same K − 1 rewards on every slate); scalar ``budget`` C. Returns p
-    of ``w2``'s shape. Slates with w² = 0 get p = 0; every slate of positive weight gets
-    p = 1 when the budget covers them all; otherwise the spend Σ p c lies within one slate's
+    of ``w2``'s shape. Every slate gets p = 1 when the budget covers them all (so a full
+    budget is the oracle); else slates with w² = 0 get p = 0, every slate of positive weight
+    gets p = 1 when the budget covers those; otherwise the spend Σ p c lies within one slate's
     cost of C (what is left would buy only p ≤ ½ somewhere, which never helps).
 
     With p = 0 allowed, Eq. (21)'s credit is unbiased *over the router's draw* (and over Z),
@@ -350,6 +351,8 @@ def predraw_allocation(w2, cost, budget) -> np.ndarray:
     if flat_c.size and (flat_c[0] <= 0 or (flat_c != flat_c[0]).any()):
         raise ValueError("predraw_allocation needs one positive cost shared by every slate")
     flat = w2.ravel()
+    if flat.size == 0 or flat.size * flat_c[0] <= B:  # the budget covers every slate
+        return np.ones(w2.shape)
     p = np.zeros(flat.shape)
     live = np.flatnonzero(flat > 0)
     if live.size == 0:
