@@ -119,13 +119,81 @@ def analyse(parts: list[dict]) -> dict:
                      **{k: np.array(v).tolist() for k, v in props.items()}}}
 
 
+FLAT_STD = 0.05
+"""A group (one agent's m Eq. 19 scores of one prompt) is flat when their std is below this."""
+
+
+def flat_group_weights(paths: list[Path], budgets=(0.1, 0.3), m: int = 4) -> dict:
+    """The allocation's weight on flat groups, before (rule ``sqrt`` on :func:`credit_leverage`,
+    Eq. 19's error given the draw, floor 0.1) and after (rule ``leverage``, the error before the
+    draw), on logged slates of standardised removal. κ = 1 (the outcome model's own belief).
+    The logs hold no ‖Ψ‖, so "after" takes a = 1: it shows what dropping 1/std does.
+
+    ``weight``: Σ over flat (slate, agent) of a²η² / Σ over all; ``evaluations`` at each budget:
+    Σ_s p_s f_s / Σ_s p_s, f_s the share of slate s's weight a²η² from its flat groups."""
+    from mcpg import allocation
+    from mcpg.grpo.objective import credit_leverage
+
+    acc = {"before": {"flat": 0.0, "all": 0.0}, "after": {"flat": 0.0, "all": 0.0}}
+    ev = {rule: {b: [0.0, 0.0] for b in budgets} for rule in acc}
+    groups = flat_groups = 0
+    for path in paths:
+        for line in path.read_text().splitlines():
+            r = {k: np.array(v, dtype=float) for k, v in json.loads(line).items() if k != "update"}
+            N, K = r["score"].shape
+            g = r["score"].reshape(-1, m, K)
+            flat = np.broadcast_to(g.std(1, ddof=1, keepdims=True) < FLAT_STD, g.shape).reshape(N, K)
+            groups += g.shape[0] * K
+            flat_groups += int((g.std(1, ddof=1) < FLAT_STD).sum())
+            cost = np.full(N, K - 1.0)
+            sel = r["I"].astype(int)
+            v_post = allocation.removal_error_proxy(sel, r["G"], r["p"], r["P"], r["mu_hat"])
+            v_pre = allocation.predraw_error_proxy(r["p"], r["P"], r["mu_hat"])
+            a_before = credit_leverage(g, "group").reshape(N, K)
+            terms = {"before": a_before**2 * v_post, "after": v_pre}
+            for rule, t in terms.items():
+                acc[rule]["flat"] += float(t[flat].sum())
+                acc[rule]["all"] += float(t.sum())
+                f_s = np.divide((t * flat).sum(1), t.sum(1), out=np.zeros(N), where=t.sum(1) > 0)
+                for b in budgets:
+                    if rule == "before":
+                        p = allocation.slate_allocation(a_before, np.zeros_like(v_post), v_post, cost,
+                                                        b * cost.sum(), rule="sqrt", floor=0.1)
+                    else:
+                        p = allocation.predraw_allocation(t.sum(1), cost, b * cost.sum())
+                    ev[rule][b][0] += float(p @ f_s)
+                    ev[rule][b][1] += float(p.sum())
+    return {
+        "definition": f"flat group: std of its {m} Eq. (19) scores < {FLAT_STD}; before: rule sqrt, "
+                      "a = 1/(std + 1e-4) of the group, eta2 = removal_error_proxy (given the draw), "
+                      "floor 0.1; after: rule leverage, a = 1 (no norm logged), "
+                      "eta2 = predraw_error_proxy; kappa = 1",
+        "slates": [str(p) for p in paths],
+        "flat_group_share": flat_groups / groups,
+        **{rule: {"weight_on_flat": acc[rule]["flat"] / acc[rule]["all"],
+                  "evaluations_on_flat": {str(b): ev[rule][b][0] / ev[rule][b][1] for b in budgets}}
+           for rule in acc},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--prompts", type=int, default=4,
                     help="problems per pool (each K agents x m completions)")
     ap.add_argument("--trained", type=Path, default=TRAINED)
+    ap.add_argument("--flat", action="store_true",
+                    help="only add the allocation's weight on flat groups (logged slates) to --out")
     args = ap.parse_args()
+    if args.flat:
+        paths = sorted(Path("data/results/ch08/grid-mask/removal-group").glob("seed*/slates.jsonl"))
+        data = json.loads(args.out.read_text()) if args.out.exists() else {}
+        data["flat_groups"] = {**flat_group_weights(paths), **commit_state(),
+                               "command": "python " + " ".join(sys.argv),
+                               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        args.out.write_text(json.dumps(data, indent=1))
+        print(json.dumps(data["flat_groups"], indent=1))
+        return
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     cfg = resolve_config(CONFIG, mask_truncated_completions=True, device="cpu", threads=1)

@@ -240,3 +240,25 @@ def test_leverage_budget_learns_kappa_on_evaluable_slates_and_round_trips():
     np.testing.assert_array_equal(c.kappa(), b.kappa())
     a, v, cost = lev.reshape(-1, 3), ex.proxy.reshape(-1, 3), np.full(16, 2.0)
     np.testing.assert_array_equal(c.probabilities(a, v, cost), b.probabilities(a, v, cost))
+
+
+def test_simulated_pool_leverage_budget_zero_is_removal_one_is_oracle_and_uses_exact_norms():
+    from dataclasses import replace
+
+    from mcpg.grpo import simulated as sim
+    from mcpg.grpo.simulated.loop import score_norms
+
+    cfg = sim.SimConfig(updates=4, eval_every=2, prompts_per_update=8, eval_questions=50,
+                        allocation="leverage")
+    seeds = [0, 1]
+    rem, orc = sim.train_pool(cfg, "removal", seeds), sim.train_pool(cfg, "oracle", seeds)
+    b1 = sim.train_pool(replace(cfg, exact_budget=1.0), "removal", seeds)
+    b3 = sim.train_pool(replace(cfg, exact_budget=0.3), "removal", seeds)
+    assert np.array_equal(b1.logits, orc.logits) and np.array_equal(b1.router, orc.router)
+    np.testing.assert_array_equal(b1.exact["evaluations"], b1.exact["slates"])
+    assert not np.array_equal(b3.logits, rem.logits) and not np.array_equal(b3.logits, orc.logits)
+    # ‖e_a − π‖ by hand, against the closed form of score_norms
+    pi = np.array([[[0.7, 0.2, 0.1]]])  # (B=1, K=1, M=3)
+    actions = np.array([[[0], [2]]])  # (B=1, m=2, K=1)
+    want = [np.linalg.norm(np.eye(3)[a] - pi[0, 0]) for a in (0, 2)]
+    np.testing.assert_allclose(score_norms(pi, actions)[0, :, 0], want)
