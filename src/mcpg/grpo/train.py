@@ -165,7 +165,7 @@ from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 from .slates import Slates
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy"]
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:

@@ -148,7 +148,7 @@ class SimRun:
             queries beyond the deployed ones), and the gradient error of the credit, in
             Theorem 2's units Σ a²(Δ̃ − Δ)² with a the allocation's leverage (that of
             :func:`~mcpg.grpo.objective.credit_leverage`; under ``allocation="leverage"`` the
-            exact score norm ‖Ψ_i‖ of each sampled answer, :func:`score_norms`) and
+            exact score norm ‖Ψ_i‖ of each sampled answer, ``loop.score_norms``) and
             η² = (Δ̂ − Δ)² the true error (the simulator knows every reward): ``risk`` of the
             allocation used, ``risk_uniform`` of the uniform one at the same expected cost,
             ``risk_bound`` the least risk at that cost knowing the true η² (Theorem 3's bound;
