@@ -15,8 +15,10 @@ Seeds are fresh: 200-229, not used before this grid was fixed (chapter 7 used 0-
 
 Writes ``data/results/ch09/budget.json`` after every cell (an interrupted run keeps what it
 has; a rerun resumes, and a new allocation adds its cells to the recorded ones), with the
-command, the commit, the date, the machine and the seeds; each cell also records the commit
-and date it was computed at (cells recorded before that field existed get the file's).
+command, the commit, the date, the machine and the seeds of the recording that made the file;
+each cell also records the commit, date, machine and command it was computed with (cells
+recorded before those fields existed get the file's). A resumed recording (same seeds and
+budgets) leaves the file's own provenance as it was and adds its cells with theirs.
 Per cell and seed it stores the final value of every metric of chapter 7, the agents' own
 accuracy (each agent's greedy answer and its sampled answer, exact expectations from its
 policy), and for budgeted cells the run's exact evaluations, feedback cost and gradient
@@ -100,20 +102,25 @@ def main() -> None:
     seeds = SEEDS[: args.seeds]
     base = sim.SimConfig()
     data = {"results": []}
+    resumed = False
     if args.out.exists():
         old = json.loads(args.out.read_text())
         if old.get("seeds") == seeds and old.get("budgets") == BUDGETS:
-            data = old
+            data, resumed = old, True
             for r in data["results"]:  # cells of an earlier recording keep its provenance
                 r.setdefault("commit", old["commit"])
                 r.setdefault("date", old["date"])
     done = {(r["scale_rewards"], r["method"], r["exact_budget"], r["allocation"]) for r in data["results"]}
+    prov = {
+        "command": "OMP_NUM_THREADS=1 python " + " ".join(sys.argv),
+        **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine_info(),
+    }
+    if not resumed:
+        data.update(prov)
     data.update(
         {
-            "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": machine_info(),
             "seeds": seeds,
             "budgets": BUDGETS,
             "allocations": ALLOCATIONS,
@@ -132,7 +139,7 @@ def main() -> None:
             cfg = replace(cfg, exact_budget=b, allocation=alloc)
         run = sim.train_pool(cfg, method, seeds)
         data["results"].append({"scale_rewards": scale, "method": method, "exact_budget": b,
-                                "allocation": alloc, **record(run), "commit": data["commit"],
+                                "allocation": alloc, **record(run), **prov,
                                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
         done.add((scale, method, b, alloc))
         tmp = args.out.with_suffix(".tmp")
@@ -140,7 +147,8 @@ def main() -> None:
         tmp.replace(args.out)
         print(f"job {n + 1}/{len(todo)} {scale} {method} {b} {alloc}: {run.seconds:.0f} s "
               f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
-    data["seconds"] = round(time.perf_counter() - t0, 1)
+    if not resumed:
+        data["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(data, indent=1))
 
 
