@@ -68,7 +68,8 @@ key                             meaning
 ``feedback_cost``               reward queries beyond the deployed ones: K - 1 per exact evaluation
 ``exact_share``                 realised budget share: exact evaluations / slates of the rollout
 ``exact_share_expected``        mean evaluation probability of the rollout's slates (its expectation;
-                                ``exact_budget`` whenever every slate has a positive predicted error)
+                                ``exact_budget`` whenever every slate has a positive predicted error;
+                                under allocation ``leverage`` up to one slate's share below it)
 ``zero_std_fraction``           per agent: share of its groups (m completions of one prompt) whose
                                 credit scores have zero spread: no learning signal there
 ``zero_std_reward_fraction``    per agent: share of its groups whose own rewards R^(i) are all equal
