@@ -315,8 +315,9 @@ def predraw_risk(p, w2) -> float:
     check_same_shape(p, w2, "p", "w2")
     if (p > 1).any():
         raise ValueError("p must be at most 1 (it is a probability)")
-    corrected = np.divide(w2, p, out=np.zeros_like(w2), where=p > 0) - w2
-    return float(np.sum(np.where(p > 0, corrected, w2)))
+    with np.errstate(over="ignore"):  # a tiny p: the risk is inf
+        corrected = np.divide(w2, p, out=np.zeros_like(w2), where=p > 0) - w2
+        return float(np.sum(np.where(p > 0, corrected, w2)))
 
 
 def predraw_allocation(w2, cost, budget) -> np.ndarray:
@@ -368,7 +369,7 @@ def predraw_allocation(w2, cost, budget) -> np.ndarray:
     Q = np.concatenate(([0.0], np.cumsum(w**2)))
     n = np.arange(1, n_all + 1)[:, None]  # active slates (rows)
     k = np.arange(n_all)[None, :]  # saturated slates (columns), k < n
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf: a hopeless candidate
         level = (B - k) / (S[n] - S[k])
         ok = (k < n) & ((level * w[k] <= 1.0) | (k >= B))
         ok[(n <= B)[:, 0]] = False
