@@ -20,6 +20,7 @@ recorder takes them itself, with the same ``commit_state``; either way the file 
     python scripts/ch08_record.py grid-mask --status      # where its jobs stand; starts nothing
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
+    python scripts/ch08_record.py ch09-mask --parallel 2  # ch09/llm/grid-mask/<allocation>-b<b>-group/seed<k>
 
 The configs are ``data/configs/ch08-<what>.json`` (the grid's K = 1 controls:
 ``ch08-grid-control.json``, ``ch08-grid-stop-control.json``); a grid job may override keys (its
@@ -152,9 +153,21 @@ JOBS = {
         ("oracle", k, f"ch08/grid/oracle-group/seed{k}", {"scale_rewards": "group"}, "grid")
         for k in (1, 2)
     ],
+    # chapter 9's LLM arms on the grid of record's configuration (the masked stop grid):
+    # standardised removal with exact evaluations on a budget, allocated by the gradient's
+    # leverage before the draw (allocation "leverage") and, as the control that tells "a budget
+    # buys nothing" from "this allocation is wrong", uniformly; budgets 0.1 and 0.3; seed by seed
+    # so that a partial recording stays paired. The baselines are grid-mask's removal-group and
+    # oracle-group runs (budget 0 and 1 are removal and the oracle bit for bit)
+    "ch09-mask": [
+        ("removal", k, f"ch09/llm/grid-mask/{alloc}-b{b}-group/seed{k}",
+         {"scale_rewards": "group", "exact_budget": b, "allocation": alloc, **MASKED}, "grid-stop")
+        for k in range(3) for b in (0.1, 0.3) for alloc in ("leverage", "uniform")
+    ],
 }
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
-              "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",)}
+              "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",),
+              "ch09-mask": ("ch09/llm/grid-mask",)}
 """Recordings whose runs are compared with each other: each must run at one commit."""
 
 

@@ -4,7 +4,8 @@ For both advantage scalings (``scale_rewards="group"``, the engine's default, an
 the pool of chapter 7 (its default configuration) is trained with
 
 - removal at every budget of ``BUDGETS`` (the expected share of slates evaluated exactly)
-  under each allocation of ``ALLOCATIONS`` (Eq. 22's square root, uniform, proportional);
+  under each allocation of ``ALLOCATIONS`` (Eq. 22's square root, uniform, proportional, and
+  ``leverage``: Eq. 22 before the draw on the exact score norms ‖Ψ‖, p = 0 allowed);
 - budget 0, which is plain removal (Eq. 19 alone), and budget 1, which is the oracle (both
   exactly, bit for bit: tests/test_grpo_simulated.py), recorded once each;
 - the frozen pool and winner-take-all, the references of chapter 7.
@@ -13,7 +14,11 @@ Seeds are fresh: 200-229, not used before this grid was fixed (chapter 7 used 0-
 100-129). Every method of a scaling runs on the same seeds, so differences are paired.
 
 Writes ``data/results/ch09/budget.json`` after every cell (an interrupted run keeps what it
-has; a rerun resumes), with the command, the commit, the date, the machine and the seeds.
+has; a rerun resumes, and a new allocation adds its cells to the recorded ones), with the
+command, the commit, the date, the machine and the seeds of the recording that made the file;
+each cell also records the commit, date, machine and command it was computed with (cells
+recorded before those fields existed get the file's). A resumed recording (same seeds and
+budgets) leaves the file's own provenance as it was and adds its cells with theirs.
 Per cell and seed it stores the final value of every metric of chapter 7, the agents' own
 accuracy (each agent's greedy answer and its sampled answer, exact expectations from its
 policy), and for budgeted cells the run's exact evaluations, feedback cost and gradient
@@ -41,7 +46,7 @@ from mcpg.grpo.provenance import commit_state, machine_info
 OUT = Path("data/results/ch09/budget.json")
 SEEDS = list(range(200, 230))
 BUDGETS = [0.02, 0.05, 0.1, 0.25, 0.5]
-ALLOCATIONS = ["sqrt", "uniform", "proportional"]
+ALLOCATIONS = ["sqrt", "uniform", "proportional", "leverage"]
 SCALINGS = ["group", "none"]
 KEYS = sim.EVAL_KEYS + sim.SAMPLED_KEYS + sim.DIAGNOSTIC_KEYS
 
@@ -97,17 +102,25 @@ def main() -> None:
     seeds = SEEDS[: args.seeds]
     base = sim.SimConfig()
     data = {"results": []}
+    resumed = False
     if args.out.exists():
         old = json.loads(args.out.read_text())
         if old.get("seeds") == seeds and old.get("budgets") == BUDGETS:
-            data = old
+            data, resumed = old, True
+            for r in data["results"]:  # cells of an earlier recording keep its provenance
+                r.setdefault("commit", old["commit"])
+                r.setdefault("date", old["date"])
     done = {(r["scale_rewards"], r["method"], r["exact_budget"], r["allocation"]) for r in data["results"]}
+    prov = {
+        "command": "OMP_NUM_THREADS=1 python " + " ".join(sys.argv),
+        **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine_info(),
+    }
+    if not resumed:
+        data.update(prov)
     data.update(
         {
-            "command": "OMP_NUM_THREADS=1 nice -n 10 python " + " ".join(sys.argv),
-            **commit_state(),  # commit, dirty (mcpg.grpo.provenance)
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "machine": machine_info(),
             "seeds": seeds,
             "budgets": BUDGETS,
             "allocations": ALLOCATIONS,
@@ -126,14 +139,16 @@ def main() -> None:
             cfg = replace(cfg, exact_budget=b, allocation=alloc)
         run = sim.train_pool(cfg, method, seeds)
         data["results"].append({"scale_rewards": scale, "method": method, "exact_budget": b,
-                                "allocation": alloc, **record(run)})
+                                "allocation": alloc, **record(run), **prov,
+                                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
         done.add((scale, method, b, alloc))
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(args.out)
         print(f"job {n + 1}/{len(todo)} {scale} {method} {b} {alloc}: {run.seconds:.0f} s "
               f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
-    data["seconds"] = round(time.perf_counter() - t0, 1)
+    if not resumed:
+        data["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json.dumps(data, indent=1))
 
 

@@ -35,6 +35,9 @@ __all__ = [
     "convex_allocation",
     "corrected_contribution",
     "neyman_allocation",
+    "predraw_allocation",
+    "predraw_error_proxy",
+    "predraw_risk",
     "proportional_allocation",
     "removal_error_proxy",
     "risk_lower_bound",
@@ -279,8 +282,9 @@ def convex_allocation(a, sigma2, eta2, cost, budget, p_min: float = 1e-6, tol: f
 # ------------------------------------------------------------------------------------------
 # exact evaluations of slates inside training (chapter 9)
 # ------------------------------------------------------------------------------------------
-ALLOCATIONS: tuple[str, ...] = ("sqrt", "uniform", "proportional")
-"""The allocation rules of :func:`slate_allocation`: Eq. (22) and the two baselines."""
+ALLOCATIONS: tuple[str, ...] = ("sqrt", "uniform", "proportional", "leverage")
+"""The allocation rules of :func:`slate_allocation`: Eq. (22), the two baselines, and Eq. (22)
+before the draw with p = 0 allowed (:func:`predraw_allocation`, aimed at the gradient)."""
 
 
 def slate_entries(a, sigma2, eta2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -299,6 +303,92 @@ def slate_entries(a, sigma2, eta2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.ones_like(s2), s2, e2
 
 
+def predraw_risk(p, w2) -> float:
+    """Risk of an allocation fixed before the router's draw, with p = 0 allowed.
+
+    Σ_s r_s with r_s = w_s² (1/p_s − 1) for p_s > 0 (Eq. 21 corrects the slate; Theorem 2 with
+    σ² = 0) and r_s = w_s² at p_s = 0 (the slate keeps Eq. 19's estimate, whose squared error
+    has expectation w_s² over the draw). ``w2`` = Σ_i a_i² η_i² of each slate
+    (:func:`slate_entries`), ``p`` in [0, 1], one shape. Returns a float.
+    """
+    p, w2 = _nonneg(p, "p"), _nonneg(w2, "w2")
+    check_same_shape(p, w2, "p", "w2")
+    if (p > 1).any():
+        raise ValueError("p must be at most 1 (it is a probability)")
+    with np.errstate(over="ignore"):  # a tiny p: the risk is inf
+        corrected = np.divide(w2, p, out=np.zeros_like(w2), where=p > 0) - w2
+        return float(np.sum(np.where(p > 0, corrected, w2)))
+
+
+def predraw_allocation(w2, cost, budget) -> np.ndarray:
+    """The least :func:`predraw_risk` over allocations with Σ p c ≤ C, p = 0 allowed (Eq. 22).
+
+    When p is fixed before the router's draw, Eq. (19) is unbiased over the draw on a slate
+    that is never evaluated, so p = 0 is allowed and costs w² (:func:`predraw_risk`). As
+    w²(1/p − 1) ≥ w² for p ≤ ½, only p ∈ {0} ∪ (½, 1] can be optimal. With equal costs an
+    optimal allocation evaluates the n slates of largest w for some n (swapping a p = 0
+    slate of larger w with an evaluated one changes the risk by (w_t² − w_s²)(1/p − 2) ≤ 0)
+    and on them is Eq. (22)'s water-filling p = min{1, t w}; so this tries every n and keeps
+    the least risk (exactly: the risk of n is (S_n − S_k)² / (B − k) − Σ_{k ≤ j < n} w_j²
+    + Σ_{j ≥ n} w_j², with S the cumulative sums of the sorted w, B = C / c the expected
+    number of evaluations and k the saturated slates).
+
+    ``w2`` per slate (non-negative), ``cost`` per slate, all equal and positive (one
+    evaluation queries the same K − 1 rewards on every slate); scalar ``budget`` C. Returns p
+    of ``w2``'s shape. Every slate gets p = 1 when the budget covers them all (so a full
+    budget is the oracle); else slates with w² = 0 get p = 0, every slate of positive weight
+    gets p = 1 when the budget covers those; otherwise the spend Σ p c lies within one slate's
+    cost of C (what is left would buy only p ≤ ½ somewhere, which never helps).
+
+    With p = 0 allowed, Eq. (21)'s credit is unbiased *over the router's draw* (and over Z),
+    not conditionally on the draw as with every p > 0; this needs p to use no information
+    from the draw (I, G): pass w² from :func:`predraw_error_proxy`.
+    """
+    w2 = _nonneg(w2, "w2")
+    cost = _nonneg(cost, "cost")
+    check_same_shape(w2, cost, "w2", "cost")
+    B = _budget(budget)
+    flat_c = cost.ravel()
+    if flat_c.size and (flat_c[0] <= 0 or (flat_c != flat_c[0]).any()):
+        raise ValueError("predraw_allocation needs one positive cost shared by every slate")
+    flat = w2.ravel()
+    if flat.size == 0 or flat.size * flat_c[0] <= B:  # the budget covers every slate
+        return np.ones(w2.shape)
+    p = np.zeros(flat.shape)
+    live = np.flatnonzero(flat > 0)
+    if live.size == 0:
+        return p.reshape(w2.shape)
+    B = B / flat_c[0]  # expected number of evaluations
+    if live.size <= B:
+        p[live] = 1.0
+        return p.reshape(w2.shape)
+    order = live[np.argsort(-flat[live], kind="stable")]
+    w = np.sqrt(flat[order])
+    n_all = w.size
+    S = np.concatenate(([0.0], np.cumsum(w)))  # S[n] = Σ_{j<n} w_j
+    Q = np.concatenate(([0.0], np.cumsum(w**2)))
+    n = np.arange(1, n_all + 1)[:, None]  # active slates (rows)
+    k = np.arange(n_all)[None, :]  # saturated slates (columns), k < n
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf: a hopeless candidate
+        level = (B - k) / (S[n] - S[k])
+        ok = (k < n) & ((level * w[k] <= 1.0) | (k >= B))
+        ok[(n <= B)[:, 0]] = False
+        first = np.where(ok.any(1), ok.argmax(1), n[:, 0])  # saturated count per n
+        fill = (S[n[:, 0]] - S[first]) ** 2 / (B - first) - (Q[n[:, 0]] - Q[first])
+        fill = np.where(first < n[:, 0], np.where(B - first > 0, fill, np.inf), 0.0)
+    risk = np.concatenate(([Q[-1]], fill + (Q[-1] - Q[n[:, 0]])))  # n = 0: evaluate nothing
+    n_best = int(np.argmin(risk))  # the first of equal risks: the fewest evaluated slates
+    if n_best == 0:
+        return p.reshape(w2.shape)
+    k_best = int(first[n_best - 1])
+    q = np.ones(n_best)
+    if k_best < n_best:
+        t = (B - k_best) / (S[n_best] - S[k_best])
+        q[k_best:] = np.minimum(1.0, t * w[k_best:n_best])
+    p[order[:n_best]] = q
+    return p.reshape(w2.shape)
+
+
 def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: float = 0.0) -> np.ndarray:
     """Evaluation probabilities of slates under an expected-cost budget C.
 
@@ -309,7 +399,10 @@ def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: f
     - ``"uniform"``: the same p for every slate (when every slate costs the same, it is also
       chapter 6's cost-proportional allocation);
     - ``"proportional"``: p ∝ Σ_i a_i²(σ_i² + η_i²), proportional to the risk weight rather
-      than its square root.
+      than its square root;
+    - ``"leverage"``: :func:`predraw_allocation` on w² = Σ_i a_i²(σ_i² + η_i²), p = 0 allowed,
+      for a the gradient leverage ‖Ψ_i‖ and η² predicted before the draw (no floor: ``floor``
+      must be 0; equal costs).
 
     Each spends Σ p c = min(C, Σ c) when every slate has positive weight. ``floor`` λ in
     [0, 1] mixes in the uniform allocation, p = (1 − λ) p_rule + λ p_uniform, which spends
@@ -322,6 +415,10 @@ def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: f
     one, s2, e2 = slate_entries(a, sigma2, eta2)
     cost = _nonneg(cost, "cost")
     check_same_shape(one, cost, "slates", "cost")
+    if rule == "leverage":
+        if floor != 0.0:
+            raise ValueError("rule 'leverage' has no floor (p = 0 is allowed); pass floor=0")
+        return predraw_allocation(s2 + e2, cost, budget)
     uniform = uniform_allocation(cost, budget)
     if rule == "uniform":
         return uniform
@@ -372,6 +469,32 @@ def removal_error_proxy(selected, reward, p, P, mu_hat) -> np.ndarray:
     return known**2 + unknown
 
 
+def predraw_error_proxy(p, P, mu_hat) -> np.ndarray:
+    """Eq. (19)'s expected squared error before the router's draw, under the outcome model.
+
+    Δ̂_i − Δ_i = Σ_j C_ij (μ̂_j − R^(j))(1 − 1{I = j}/p_j) with C_ij = p_j − P^{-i}_j. Taking
+    R^(j) ~ Bernoulli(μ̂_j) independently (the outcome model's belief) and I ~ p independent
+    of them, the cross terms vanish (E[(1 − 1{I=j}/p_j)(1 − 1{I=k}/p_k)] = δ_jk/p_j − 1 and
+    the R^(j) are centred and independent), which leaves
+
+        E[η_i²] = Σ_j C_ij² μ̂_j (1 − μ̂_j) (1/p_j − 1).
+
+    Shapes: ``p, mu_hat`` ``(..., K)``, ``P`` ``(..., K, K)``; returns ``(..., K)``. It uses
+    neither I nor G, so an allocation built on it is fixed before the draw
+    (:func:`predraw_allocation`).
+    """
+    p = as_float_array(p, "p")
+    P = as_float_array(P, "P")
+    mu = as_float_array(mu_hat, "mu_hat")
+    check_same_shape(mu, p, "mu_hat", "p")
+    if P.shape != p.shape + p.shape[-1:]:
+        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    if (p <= 0).any():
+        raise ValueError("p must be positive (Eq. 19 divides by it)")
+    C = p[..., None, :] - P  # (..., K, K): C_ij
+    return (C**2 * (mu * (1.0 - mu) * (1.0 / p - 1.0))[..., None, :]).sum(-1)
+
+
 class ExactBudget:
     """Exact evaluations on a budget inside training: Eq. (22)'s allocation and Eq. (21).
 
@@ -383,23 +506,31 @@ class ExactBudget:
 
     The predicted η² of a slate's agent i is κ_i v_i, with v_i from
     :func:`removal_error_proxy` and κ_i ≥ 0 a per-agent calibration learned from the exact
-    evaluations of *earlier* rollouts: κ_i = Σ_evaluated (Δ̂_i − Y_i)²/p / Σ_all v_i, the
+    evaluations of *earlier* rollouts: κ_i = Σ_evaluated (Δ̂_i − Y_i)²/p / Σ_{p>0} v_i, the
     inverse-propensity estimate of the total squared error over the total prediction. Until
     an evaluation has been made (the pilot rollout) the allocation is uniform. σ² = 0: the
     exact evaluation Y is the removal contribution computed from the slate's own rewards,
     a function of the slate (rewards are deterministic given a candidate).
+
+    Rule ``"leverage"`` (:func:`predraw_allocation`) differs in three ways: v is
+    :func:`predraw_error_proxy` (no I, no G), ``a`` is the gradient leverage ‖Ψ_i‖ (or a proxy
+    of it) rather than the advantage's, and there is no floor, so slates may get p = 0. The
+    inverse-propensity sum then estimates the error of the slates with p > 0 only, so κ's
+    denominator sums v over those slates (for the other rules every p > 0: the same κ).
     """
 
-    def __init__(self, share: float, rule: str = "sqrt", floor: float = 0.1):
+    def __init__(self, share: float, rule: str = "sqrt", floor: float | None = None):
         if not (isinstance(share, (int, float)) and 0.0 <= share <= 1.0):
             raise ValueError(f"share must lie in [0, 1], got {share!r}")
         if rule not in ALLOCATIONS:
             raise ValueError(f"rule must be one of {ALLOCATIONS}, got {rule!r}")
+        if floor is None:  # the old rules' default floor; "leverage" has none
+            floor = 0.0 if rule == "leverage" else 0.1
         if not 0.0 <= floor <= 1.0:
             raise ValueError(f"floor must lie in [0, 1], got {floor}")
         self.share, self.rule, self.floor = float(share), rule, float(floor)
         self.err_sum: np.ndarray | None = None  # Σ over evaluated (agent, slate) of (Δ̂ − Y)²/p
-        self.proxy_sum: np.ndarray | None = None  # Σ over all (agent, slate) of v
+        self.proxy_sum: np.ndarray | None = None  # Σ over (agent, slate) with p > 0 of v
         self.evaluations = 0  # exact evaluations so far (slates)
 
     def kappa(self) -> np.ndarray | None:
@@ -413,12 +544,16 @@ class ExactBudget:
         """The slates' evaluation probabilities, shape ``cost.shape``.
 
         ``a`` (leverage) and ``proxy`` (v) have shape ``cost.shape + (K,)``. Uniform in the
-        pilot rollout (no evaluation yet) and whenever every predicted weight is 0.
+        pilot rollout (no evaluation yet) and whenever every predicted weight is 0; under
+        ``"leverage"`` the pilot takes κ = 1 (the outcome model's own belief) instead, since
+        a uniform p below ½ would cost more than evaluating nothing (:func:`predraw_risk`).
         """
         cost = np.asarray(cost, dtype=float)
         budget = self.share * float(cost.sum())
         kappa = self.kappa()
         rule = self.rule if rule is None else rule
+        if kappa is None and rule == "leverage":
+            kappa = np.ones(np.shape(proxy)[-1])
         eta2 = None if kappa is None else kappa * np.asarray(proxy, dtype=float)
         if rule == "uniform" or eta2 is None or not (np.asarray(a) ** 2 * eta2).sum() > 0:
             return uniform_allocation(cost, budget)
@@ -428,6 +563,7 @@ class ExactBudget:
         """Learn from one rollout's exact evaluations (``z`` = 1) after its credit is formed.
 
         ``z, p`` per slate; ``delta_hat, y, proxy`` per (slate, agent); y is read where z = 1.
+        Slates with p = 0 (rule ``"leverage"``) leave κ unchanged: they are never evaluated.
         """
         z = np.asarray(z, dtype=bool)
         p = np.asarray(p, dtype=float)
@@ -440,7 +576,7 @@ class ExactBudget:
         if self.err_sum is None:
             self.err_sum, self.proxy_sum = np.zeros(K), np.zeros(K)
         self.err_sum = self.err_sum + err
-        self.proxy_sum = self.proxy_sum + proxy.reshape(-1, K).sum(0)
+        self.proxy_sum = self.proxy_sum + proxy.reshape(-1, K)[p.reshape(-1) > 0].sum(0)
         self.evaluations += int(z.sum())
 
     def state_dict(self) -> dict:

@@ -123,7 +123,9 @@ class GRPOConfig(Mapping):
     """expected share of slates evaluated exactly (every candidate's reward queried) and
     credited by Eq. (21), signal removal only; 0 — Eq. (19) alone, 1 — the oracle (chapter 9)."""
     allocation: str = "sqrt"
-    """which slates get the exact budget — sqrt (Eq. 22) | uniform | proportional."""
+    """which slates get the exact budget — sqrt (Eq. 22) | uniform | proportional | leverage
+    (Eq. 22 fixed before the router's draw on each completion's gradient leverage, p = 0
+    allowed: :func:`mcpg.allocation.predraw_allocation`)."""
     router_tau: float = 1.0
     """Eq. (3) temperature."""
     router_eps: float = 0.1

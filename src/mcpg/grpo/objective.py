@@ -236,12 +236,15 @@ class ExactFeedback:
     """The exact evaluations of one rollout (:func:`budgeted_removal`), per slate ``(..., m)``.
 
     Attributes:
-        p: the probability each slate was evaluated with (Eq. 22, floored).
+        p: the probability each slate was evaluated with (Eq. 22; floored for the rules
+            other than ``"leverage"``, which allows 0).
         z: 1 where it was evaluated (every candidate's reward queried).
         cost: reward queries beyond the deployed one: K − 1 where z = 1, else 0.
         delta_hat: Eq. (19)'s estimate, ``(..., m, K)``.
-        proxy: the predicted squared error v of :func:`mcpg.allocation.removal_error_proxy`.
-        leverage: a of :func:`credit_leverage`, ``(..., m, K)``.
+        proxy: the predicted squared error v: :func:`mcpg.allocation.predraw_error_proxy`
+            under rule ``"leverage"``, else :func:`mcpg.allocation.removal_error_proxy`.
+        leverage: a, ``(..., m, K)``: the gradient leverage passed in under rule
+            ``"leverage"`` (‖Ψ_i‖ or its proxy), else :func:`credit_leverage`.
     """
 
     p: np.ndarray
@@ -263,20 +266,27 @@ def budgeted_removal(
     rng: np.random.Generator,
     scale_rewards: str = "group",
     advantage_eps: float = ADVANTAGE_EPS,
+    leverage=None,
 ) -> tuple[np.ndarray, ExactFeedback]:
     """Removal credit with exact evaluations on a budget: Eq. (19), Eq. (22), Eq. (21).
 
     Shapes ``(..., m, K)`` with the GRPO group (m slates of one prompt) on axis -2.
 
     1. Δ̂ = Eq. (19) from the selected feedback (:func:`credit` ``"removal"``);
-    2. per slate, p from ``budget`` (:meth:`mcpg.allocation.ExactBudget.probabilities`): the
-       leverage a of :func:`credit_leverage`, the predicted η² from the outcome model and the
-       calibration learned from earlier evaluations, cost K − 1;
+    2. per slate, p from ``budget`` (:meth:`mcpg.allocation.ExactBudget.probabilities`): a
+       leverage a, the predicted η² from the outcome model and the calibration learned from
+       earlier evaluations, cost K − 1. Rules ``"sqrt"``, ``"uniform"``, ``"proportional"``:
+       a of :func:`credit_leverage` and η² of :func:`mcpg.allocation.removal_error_proxy`
+       (both read the draw), p floored above 0. Rule ``"leverage"``: ``leverage`` (the
+       gradient leverage ‖Ψ_i‖ of each completion, or a proxy; required) and η² of
+       :func:`mcpg.allocation.predraw_error_proxy`, nothing from the draw, p = 0 allowed;
     3. Z ~ Bernoulli(p) per slate, from ``rng`` (its own generator, so that budget 0 draws
        nothing and leaves every other draw as in ``"removal"``);
     4. where Z = 1, every candidate's reward is read and Y = the exact removal contribution
        (the ``"oracle"`` credit of that slate); the credit is Eq. (21)'s
-       Δ̃ = Δ̂ + Z/p (Y − Δ̂), unbiased for Y on every slate whatever the allocation, as p > 0;
+       Δ̃ = Δ̂ + Z/p (Y − Δ̂). With every p > 0 it is unbiased for Y on every slate, given the
+       draw; under ``"leverage"`` a slate with p = 0 keeps Δ̂, unbiased over the router's draw
+       only (Corollary 3), which is why its p may not depend on the draw;
     5. ``budget`` learns from this rollout's evaluations (used from the next rollout on).
 
     Returns ``(credit, ExactFeedback)``. With ``budget.share == 0`` the credit is Δ̂ itself
@@ -290,8 +300,16 @@ def budgeted_removal(
         none = np.zeros_like(delta_hat)
         return delta_hat, ExactFeedback(p=zeros, z=zeros.astype(int), cost=zeros, delta_hat=delta_hat,
                                         proxy=none, leverage=none + 1.0)
-    proxy = allocation.removal_error_proxy(selected, reward, p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
-    lev = credit_leverage(delta_hat, scale_rewards, advantage_eps, axis=-2)
+    if budget.rule == "leverage":  # before the draw: the gradient's leverage, Eq. (19)'s expected error
+        if leverage is None:
+            raise ValueError("rule 'leverage' needs the gradient leverage of each completion (leverage=)")
+        lev = _np(leverage, "leverage").astype(float)
+        if lev.shape != p_arr.shape:
+            raise ValueError(f"leverage must have shape {p_arr.shape}, got {lev.shape}")
+        proxy = allocation.predraw_error_proxy(p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
+    else:  # the advantage's leverage and the error given the draw
+        proxy = allocation.removal_error_proxy(selected, reward, p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
+        lev = credit_leverage(delta_hat, scale_rewards, advantage_eps, axis=-2)
     cost = np.full(slate_shape, float(K - 1))
     prob = budget.probabilities(lev.reshape(-1, K), proxy.reshape(-1, K), cost.reshape(-1))
     prob = prob.reshape(slate_shape)
@@ -341,6 +359,7 @@ def route_and_credit(
     advantage_eps: float = ADVANTAGE_EPS,
     budget: allocation.ExactBudget | Sequence[allocation.ExactBudget] | None = None,
     budget_rng: np.random.Generator | Sequence[np.random.Generator] | None = None,
+    leverage=None,
 ) -> RoutedCredit:
     """Route, draw I, credit, advantages: one step of the multi-agent GRPO update (paper §8).
 
@@ -362,6 +381,8 @@ def route_and_credit(
             (:func:`budgeted_removal`): an :class:`mcpg.allocation.ExactBudget` and its own
             generator, or one of each per index of the first axis, like ``rng``. None: Eq. (19)
             alone.
+        leverage: the gradient leverage ‖Ψ_i‖ of each completion, ``(..., m, K)``; needed by
+            a budget of rule ``"leverage"`` only.
 
     K = 1 works: removal's leave-one-out slate is empty (deploys nothing, value 0), so
     removal, winner-take-all and the oracle all credit the single agent with G.
@@ -388,15 +409,16 @@ def route_and_credit(
         if not isinstance(budget_rng, np.random.Generator):
             raise ValueError("budget_rng must be a numpy Generator when budget is one ExactBudget")
         scores, exact = budgeted_removal(I, G, p, P, mu_hat, R, budget, budget_rng,
-                                         scale_rewards, advantage_eps)
+                                         scale_rewards, advantage_eps, leverage)
     else:  # one budget and one generator per index of the first axis (independent seeds)
         budgets, brngs = list(budget), list(budget_rng or [])
         if len(budgets) != p.shape[0] or len(brngs) != p.shape[0]:
             raise ValueError(f"one budget and one budget_rng per index of the first axis ({p.shape[0]}) "
                              f"are needed, got {len(budgets)} and {len(brngs)}")
         P_arr, mu_arr = _np(P, "P"), _np(mu_hat, "mu_hat")
+        lev = [None] * len(budgets) if leverage is None else _np(leverage, "leverage")
         parts = [budgeted_removal(I[s], G[s], p[s], P_arr[s], mu_arr[s], R[s], b, r, scale_rewards,
-                                  advantage_eps) for s, (b, r) in enumerate(zip(budgets, brngs))]
+                                  advantage_eps, lev[s]) for s, (b, r) in enumerate(zip(budgets, brngs))]
         scores = np.stack([c for c, _ in parts])
         exact = ExactFeedback(**{f: np.stack([getattr(e, f) for _, e in parts])
                                  for f in ("p", "z", "cost", "delta_hat", "proxy", "leverage")})

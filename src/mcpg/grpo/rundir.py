@@ -62,7 +62,8 @@ scores (K), cut at the token budget (K), completion lengths (K))."""
 
 SLATE_BUDGET_KEYS = ("exact_z", "exact_p")
 """The slates.jsonl keys with an exact budget (config key ``exact_budget`` > 0), evaluated
-exactly and its probability."""
+exactly and its probability; under ``allocation="leverage"`` also ``exact_a``, the gradient
+leverage of each candidate (K) that the allocation used."""
 
 EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "regret", "base_accuracy",
                   "agent_accuracy", "deployed_fraction", "n", "n_specialty", "correct", "base_correct",
@@ -115,9 +116,12 @@ def metrics_row(log: dict, K: int, *, update: int, signal: str, losses: list[flo
 
 def slates_row(log: dict, budget: bool) -> dict:
     """The update's slates.jsonl entries (:data:`SLATE_KEYS`, and :data:`SLATE_BUDGET_KEYS` on an
-    exact budget) from the same gathered log: every candidate's reward is known here, so
-    Eq. (19) can be checked against the exact removal contribution on real LLM slates."""
+    exact budget, with ``exact_a`` when the log holds it) from the same gathered log: every
+    candidate's reward is known here, so Eq. (19) can be checked against the exact removal
+    contribution on real LLM slates."""
     keys = SLATE_KEYS + (SLATE_BUDGET_KEYS if budget else ())
+    if budget and "exact_a" in log:
+        keys += ("exact_a",)
     return {k: log[k] for k in keys}
 
 

@@ -16,7 +16,9 @@ One update, top to bottom (:func:`train`):
    (diagnostic) = exact removal contribution with every candidate's reward. With
    ``exact_budget`` > 0, removal evaluates a share of the slates exactly, chosen by Eq. (22)
    (``allocation``), and credits Eq. (21)'s corrected estimate
-   (:func:`mcpg.grpo.objective.budgeted_removal`; chapter 9).
+   (:func:`mcpg.grpo.objective.budgeted_removal`; chapter 9). Allocation ``leverage`` fixes
+   the evaluation probabilities before the draw from each completion's gradient leverage,
+   read off the rollout (:func:`leverage_proxy`).
 5. **Advantages.** Each agent's scores are standardised within its group of m completions.
 6. **Actor update.** The clipped GRPO loss (TRL's token-level convention, ``loss_type``
    ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW.
@@ -38,7 +40,8 @@ Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`
     metrics.jsonl        one JSON row per update
     slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score,
                          and per candidate cut (at the token budget) and tokens (its length);
-                         with an exact budget also exact_z, exact_p: evaluated, its probability)
+                         with an exact budget also exact_z, exact_p: evaluated, its probability;
+                         under allocation "leverage" also exact_a: each completion's leverage)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>.safetensors, router.safetensors    the final weights
     checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
@@ -65,7 +68,8 @@ key                             meaning
 ``feedback_cost``               reward queries beyond the deployed ones: K - 1 per exact evaluation
 ``exact_share``                 realised budget share: exact evaluations / slates of the rollout
 ``exact_share_expected``        mean evaluation probability of the rollout's slates (its expectation;
-                                ``exact_budget`` whenever every slate has a positive predicted error)
+                                ``exact_budget`` whenever every slate has a positive predicted error;
+                                under allocation ``leverage`` up to one slate's share below it)
 ``zero_std_fraction``           per agent: share of its groups (m completions of one prompt) whose
                                 credit scores have zero spread: no learning signal there
 ``zero_std_reward_fraction``    per agent: share of its groups whose own rewards R^(i) are all equal
@@ -162,7 +166,7 @@ from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 from .slates import Slates
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy"]
 
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
@@ -179,6 +183,22 @@ def _load_split(cfg: dict, split: str) -> list[dict]:
             raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
         rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
     return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
+
+
+def leverage_proxy(sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """A cheap proxy of each completion's gradient leverage ‖Ψ‖ = ‖∇ Σ_t log π_T(y_t)‖ (Eq. 22).
+
+    √Σ_t (1 − π_t)² over the completion's counted tokens (``mask``), π_t the sampler's own
+    probability of token t (at the agent's temperature; ``generate(..., keep_logprobs=True)``):
+    the norm of a token's score with respect to its logits is √((1 − π_t)² + Σ_{v≠y} π_v²),
+    at least 1 − π_t. Its correlation with the exact norm over SmolLM2-135M's LoRA adapters
+    is measured by ``scripts/ch09_leverage.py`` (``data/results/ch09/leverage.json``). A row
+    the loss leaves out (mask all 0) gets 0. Returns (N,).
+    """
+    lp = sampler_logprobs.double()
+    m = mask.to(lp.dtype)
+    q = (1.0 - torch.exp(torch.where(m > 0, lp, torch.zeros_like(lp)))) * m
+    return torch.sqrt((q**2).sum(1)).numpy()
 
 
 def _mean(x) -> float | None:
@@ -221,6 +241,9 @@ class Engine:
         # exact evaluations on a budget (removal only): their own draws Z, so budget 0 changes nothing
         self.budget = ExactBudget(cfg["exact_budget"], cfg["allocation"]) if signal == "removal" else None
         self.budget_rng = np.random.default_rng([seed, 3, self.dist.rank])
+        # allocation "leverage" reads each completion's gradient leverage off the rollout
+        self._leverage_rule = bool(self.budget is not None and cfg["exact_budget"] > 0
+                                   and cfg["allocation"] == "leverage")
 
         self.train_set = _load_split(cfg, "train") if load_train else []
         self.eval_set = _load_split(cfg, "test")
@@ -311,7 +334,7 @@ class Engine:
                   leave=False, disable=not (progress and self.dist.main)) as bar:
             return self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
                                       batch_size=cfg["generation_batch_size"] or None, progress=bar,
-                                      stop_at_answer=cfg["stop_at_answer"])
+                                      stop_at_answer=cfg["stop_at_answer"], keep_logprobs=self._leverage_rule)
 
     def _slate_features(self, questions: list[str], roll: Rollout, slates: Slates) -> torch.Tensor:
         """The router's features of the rollout's candidates, as slates (B, m, K, dim)."""
@@ -350,8 +373,9 @@ class Engine:
         if self.budget is None:
             scores = credit(self.signal, I, G, p, P, mu, rewards_all=R if self.signal == "oracle" else None)
         else:
+            lev = self._leverage(roll, slates) if self._leverage_rule else None
             scores, exact = budgeted_removal(I, G, p, P, mu, R, self.budget, self.budget_rng,
-                                             cfg["scale_rewards"], cfg["advantage_eps"])
+                                             cfg["scale_rewards"], cfg["advantage_eps"], leverage=lev)
         # 6. advantages: each agent's scores within its group of m completions of one problem
         A = group_advantages(scores, scale_rewards=cfg["scale_rewards"], eps=cfg["advantage_eps"], axis=-2)
         # 7. actor update: the clipped GRPO loss on each agent's own adapter
@@ -369,6 +393,24 @@ class Engine:
             log, K, update=self.step, signal=self.signal, losses=losses, router_loss=router_loss,
             clip_fraction=clip_fraction, router_slates=int(sum(len(r["selected"]) for r in self.replay)),
             seconds={"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0})
+
+    def _leverage(self, roll: Rollout, slates: Slates) -> np.ndarray:
+        """Each completion's gradient leverage, as slates (B, m, K): :func:`leverage_proxy` of its
+        sampled tokens, in the loss's scaling (0 for a row the loss leaves out)."""
+        agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
+        trained = self._trained_mask(roll)
+        norm = self._loss_normalisers(agent_of_row, trained)
+        scale = norm["tokens"] if norm["by_tokens"] else norm["seqs"]
+        a = leverage_proxy(roll.sampler_logprobs, trained) / scale[agent_of_row].clamp(min=1.0).numpy()
+        return slates.from_rows(a)
+
+    def _trained_mask(self, roll: Rollout) -> torch.Tensor:
+        """The completion tokens the loss counts: all, or (``mask_truncated_completions``) those
+        of rows not cut at the token budget."""
+        trained = roll.completion_mask
+        if self.cfg["mask_truncated_completions"]:
+            trained = trained * (~roll.truncated.bool())[:, None].to(trained.dtype)
+        return trained
 
     def _router_update(self, feats: torch.Tensor, I, G, p) -> float:  # noqa: E741 (the paper's name)
         """Fit the router on the replay of logged slates (all processes' data): features, the
@@ -417,6 +459,8 @@ class Engine:
             "exact_z": exact_z.reshape(-1).tolist(),
             "exact_p": exact_p.reshape(-1).tolist(),
         }
+        if self._leverage_rule:  # the leverage each slate's allocation used, per agent
+            local["exact_a"] = exact.leverage.reshape(-1, K).tolist()
         gathered = self.dist.gather([local])
         return {k: sum((s[k] for s in gathered), []) for k in gathered[0]}
 
@@ -458,9 +502,7 @@ class Engine:
         """
         cfg, K, n = self.cfg, self.K, len(roll)
         agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
-        trained = roll.completion_mask
-        if cfg["mask_truncated_completions"]:
-            trained = trained * (~roll.truncated.bool())[:, None].to(trained.dtype)
+        trained = self._trained_mask(roll)
         norm = self._loss_normalisers(agent_of_row, trained)
         mb = cfg["train_micro_batch"] or n
         batches = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]

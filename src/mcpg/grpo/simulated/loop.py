@@ -146,13 +146,16 @@ class SimRun:
         exact: with ``cfg.exact_budget`` > 0 (method ``removal``), per seed, arrays (n_seeds,)
             summed over every rollout: ``slates``, ``evaluations`` (exact), ``cost`` (reward
             queries beyond the deployed ones), and the gradient error of the credit, in
-            Theorem 2's units Σ a²(Δ̃ − Δ)² with a the leverage of
-            :func:`~mcpg.grpo.objective.credit_leverage` and η² = (Δ̂ − Δ)² the true error
-            (the simulator knows every reward): ``risk`` of the allocation used, ``risk_uniform``
-            of the uniform one at the same expected cost, ``risk_bound`` Theorem 3's lower bound
-            at that cost, ``risk_removal`` = Σ a²η², the error of Eq. (19) alone on the same
-            slates, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its expectation is ``risk``).
-            None otherwise.
+            Theorem 2's units Σ a²(Δ̃ − Δ)² with a the allocation's leverage (that of
+            :func:`~mcpg.grpo.objective.credit_leverage`; under ``allocation="leverage"`` the
+            exact score norm ‖Ψ_i‖ of each sampled answer, ``loop.score_norms``) and
+            η² = (Δ̂ − Δ)² the true error (the simulator knows every reward): ``risk`` of the
+            allocation used, ``risk_uniform`` of the uniform one at the same expected cost,
+            ``risk_bound`` the least risk at that cost knowing the true η² (Theorem 3's bound;
+            under ``"leverage"``, where p = 0 is allowed and costs η², the least
+            :func:`mcpg.allocation.predraw_risk`), ``risk_removal`` = Σ a²η², the error of
+            Eq. (19) alone on the same slates, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its
+            expectation is ``risk``). None otherwise.
     """
 
     cfg: SimConfig
@@ -325,13 +328,15 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
 
         # 4. draw I ~ p, feed back G = R^(I), credit each agent, per-agent group advantages
         signal = "wta" if method == "frozen" else method  # frozen: routed alike, no actor update
+        lev = score_norms(pi_q, actions) if budgeted and cfg.allocation == "leverage" else None
         step = route_and_credit(
             signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards, advantage_eps=cfg.advantage_eps,
-            budget=budgets, budget_rng=budget_rngs,
+            budget=budgets, budget_rng=budget_rngs, leverage=lev,
         )
         I, G = step.I, step.G  # noqa: E741 (the paper's name)
         if budgeted:
-            _exact_diagnostics(exact, step.exact, step.scores, R, p, P, cfg.exact_budget)
+            _exact_diagnostics(exact, step.exact, step.scores, R, p, P, cfg.exact_budget,
+                               predraw=cfg.allocation == "leverage")
         if u in ckpts:
             hist["train_reward"][:, ci - 1] = G.reshape(S, -1).mean(1)
             # per seed: the share of its (question, agent) groups whose m scores are all equal
@@ -391,7 +396,20 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     )
 
 
-def _exact_diagnostics(acc: dict, ex, scores, R, p, P, share: float) -> None:
+def score_norms(pi_q: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """The exact gradient leverage ‖Ψ‖ of each sampled answer: Ψ = ∇_θ log π(a | t) = e_a − π.
+
+    The agent's logits for the question's type are its only parameters the answer's score
+    touches, so ‖Ψ‖² = (1 − π_a)² + Σ_{b ≠ a} π_b² = 1 − 2π_a + Σ_b π_b². ``pi_q`` (..., B, K,
+    M) each agent's policy on each question, ``actions`` (..., B, m, K) the sampled answers;
+    returns (..., B, m, K).
+    """
+    pi = np.broadcast_to(pi_q[..., None, :, :], actions.shape + pi_q.shape[-1:])
+    pi_a = np.take_along_axis(pi, actions[..., None], -1)[..., 0]
+    return np.sqrt(np.maximum(1.0 - 2.0 * pi_a + (pi**2).sum(-1), 0.0))
+
+
+def _exact_diagnostics(acc: dict, ex, scores, R, p, P, share: float, predraw: bool = False) -> None:
     """Add one rollout's exact-budget accounting and gradient errors to ``acc`` (per seed).
 
     Diagnostics only: they read every candidate's reward (the exact Δ on every slate), as the
@@ -409,10 +427,16 @@ def _exact_diagnostics(acc: dict, ex, scores, R, p, P, share: float) -> None:
         acc["slates"][s] += prob.size
         acc["evaluations"][s] += ex.z[s].sum()
         acc["cost"][s] += ex.cost[s].sum()
-        acc["risk"][s] += allocation.allocation_risk(prob, one, s2, se2)
         uniform = allocation.uniform_allocation(cost, C)
-        acc["risk_uniform"][s] += allocation.allocation_risk(uniform, one, s2, se2)
-        acc["risk_bound"][s] += allocation.risk_lower_bound(one, s2, se2, cost, C)
+        if predraw:  # p = 0 allowed: an unevaluated slate costs its η² (predraw_risk)
+            acc["risk"][s] += allocation.predraw_risk(prob, se2)
+            acc["risk_uniform"][s] += allocation.predraw_risk(uniform, se2)
+            best = allocation.predraw_allocation(se2, cost, C)
+            acc["risk_bound"][s] += allocation.predraw_risk(best, se2)
+        else:
+            acc["risk"][s] += allocation.allocation_risk(prob, one, s2, se2)
+            acc["risk_uniform"][s] += allocation.allocation_risk(uniform, one, s2, se2)
+            acc["risk_bound"][s] += allocation.risk_lower_bound(one, s2, se2, cost, C)
         acc["risk_removal"][s] += float(se2.sum())  # Eq. (19) alone: Σ a² η²
         acc["loss"][s] += float(np.sum(a**2 * (scores[s].reshape(-1, K) - delta[s].reshape(-1, K)) ** 2))
 

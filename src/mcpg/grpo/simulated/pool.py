@@ -85,8 +85,9 @@ class SimConfig:
         exact_budget: method ``removal`` only: the expected share of slates evaluated exactly
             and credited by Eq. (21) (:func:`~mcpg.grpo.objective.budgeted_removal`; chapter 9);
             0 (the default) is Eq. (19) alone.
-        allocation: which slates get the budget: ``"sqrt"`` (Eq. 22), ``"uniform"`` or
-            ``"proportional"`` (:data:`mcpg.allocation.ALLOCATIONS`).
+        allocation: which slates get the budget: ``"sqrt"`` (Eq. 22), ``"uniform"``,
+            ``"proportional"`` or ``"leverage"`` (Eq. 22 before the draw, on the exact score
+            norms, p = 0 allowed) (:data:`mcpg.allocation.ALLOCATIONS`).
     """
 
     n_agents: int = 3
