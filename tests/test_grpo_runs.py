@@ -585,6 +585,70 @@ def test_recorded_budget_arms_join_the_grid():
         assert set(sc["exact_z"]) == {0.0, 1.0}
 
 
+def _check_budget_arm(r, plain, newer=None):
+    """One budgeted removal run against its plain removal twin (same seed): the configuration
+    is the twin's with the budget keys only (and keys the engine gained since, at ``newer``'s
+    values); it spends its budget (uniform: every p is b; leverage: p in {0} U (1/2, 1],
+    spending within one slate of b, never above); the realised evaluations lie within 99.9 %
+    of their expectation; and its credit is Eq. (21) recomputed from its logged slates."""
+    from mcpg.grpo.verdict import config_departures
+    rule, budget = r.config["allocation"], r.config["exact_budget"]
+    assert r.signal == "removal" and rule in ("leverage", "uniform") and 0 < budget < 1
+    departs = config_departures(r, plain, ignore=("exact_budget", "allocation", "seed"))
+    assert all((newer or {}).get(k) == v for k, v in departs.items()), departs
+    ps = np.concatenate([s["exact_p"] for s in r.slates])
+    zs = np.concatenate([s["exact_z"] for s in r.slates])
+    n = len(r.metrics) * r.slates_per_update
+    assert ps.size == n == zs.size
+    if rule == "uniform":
+        assert np.allclose(ps, budget, atol=1e-9)
+    else:
+        assert ((ps == 0) | ((ps > 0.5) & (ps <= 1))).all()
+        spent = ps.reshape(len(r.metrics), -1).mean(1)
+        assert (spent <= budget + 1e-9).all()
+        assert (spent >= budget - 1.0 / r.slates_per_update - 1e-9).all()
+    assert abs(zs.sum() - ps.sum()) <= 3.29 * np.sqrt((ps * (1 - ps)).sum()) + 1e-9
+    sc = slate_credit(r)
+    np.testing.assert_allclose(sc["logged"], allocation.corrected_contribution(
+        sc["removal"], sc["oracle"], sc["exact_z"], sc["exact_p"]), atol=1e-9)
+
+
+def test_budget_arm_check_on_fresh_runs(tmp_path):
+    """The check that chapter 9's recorded arms must pass, on runs the engine makes now
+    (tiny random model): it passes on a budgeted run of each rule, and it fails when a run's
+    logged probabilities are not what its rule spends."""
+    from mcpg.grpo.train import train
+    train("tiny-random", "removal", tmp_path / "plain", updates=2)
+    plain = read_run(tmp_path / "plain")
+    for rule in ("leverage", "uniform"):
+        train("tiny-random", "removal", tmp_path / rule, updates=2, exact_budget=0.3, allocation=rule)
+        r = read_run(tmp_path / rule)
+        _check_budget_arm(r, plain)
+        for s in r.slates:  # an allocation that spent a quarter more
+            s["exact_p"] = list(np.minimum(1.0, np.asarray(s["exact_p"], dtype=float) * 1.25 + 0.01))
+        with pytest.raises(AssertionError):
+            _check_budget_arm(r, plain)
+
+
+def test_recorded_budget_arms_on_the_grid_of_record():
+    """Chapter 9's LLM arms on the grid of record (``ch09/llm/grid-mask/<allocation>-b<b>-group``):
+    all at one clean commit, each named by its keys and passing :func:`_check_budget_arm`
+    against the masked grid's removal run of its seed. Skips while none is recorded."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "data" / "results"
+    arms = [r for r in read_comparison(root / "ch09" / "llm" / "grid-mask") if r.eval is not None]
+    if not arms:
+        pytest.skip("no chapter 9 LLM arm on the grid of record recorded")
+    base = {r.config["seed"]: r for r in read_comparison(root / "ch08" / "grid-mask")
+            if r.arm == "removal-group" and r.eval is not None}
+    assert len({r.provenance["commit"] for r in arms}) == 1
+    for r in arms:
+        assert not r.provenance["dirty"]
+        assert r.arm == f"{r.config['allocation']}-b{r.config['exact_budget']}-group"
+        # shared_prefix: gained by the engine after the grid's commit, true as its runs were
+        _check_budget_arm(r, base[r.config["seed"]], newer={"shared_prefix": (True, None)})
+
+
 def _recorded_twins(child: str, parent: str, key: str, aside=()):
     """A recorded grid that is another with one config key switched on: each finished run of
     ``data/results/ch08/<child>`` is at one clean commit, not the parent's, has ``key`` True,
