@@ -190,16 +190,21 @@ def main(argv=None) -> dict:
                  **_parse_sets(args.set)}
     if args.threads:
         overrides.setdefault("threads", args.threads)
+    from mcpg.grpo.provenance import commit_state, machine_info, now
+
     cfg = resolve_config(args.config, **overrides)
+    started, t0, machine = now(), time.perf_counter(), machine_info()
     eng = Engine(cfg, "wta")
     result = {
         "command": " ".join(["python benchmarks/bench_prefix.py", *(sys.argv[1:] if argv is None else argv)]),
+        **commit_state(ROOT), "date": started, "machine": machine,
         "config": args.config, "overrides": overrides, "model_source": eng.model_source,
         "device": torch.cuda.get_device_name() if eng.pool.device.type == "cuda" else "cpu",
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "platform": platform.platform(), "repeats": args.repeats,
         **compare(eng, args.repeats),
     }
+    result["wall_s"] = time.perf_counter() - t0
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
