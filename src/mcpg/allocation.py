@@ -430,6 +430,20 @@ def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: f
     return np.where((p == 1.0) & (uniform == 1.0), 1.0, mixed)  # exactly 1 where both are
 
 
+def _removal_terms(p, P, mu_hat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checked ``p, mu_hat`` and the weights C_ij = p_j − P^{-i}_j of the removal contribution
+    Δ_i = Σ_j C_ij g_j, shape ``(..., K, K)``, that both error proxies of Eq. (19) use."""
+    p = as_float_array(p, "p")
+    P = as_float_array(P, "P")
+    mu = as_float_array(mu_hat, "mu_hat")
+    check_same_shape(mu, p, "mu_hat", "p")
+    if P.shape != p.shape + p.shape[-1:]:
+        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    if (p <= 0).any():
+        raise ValueError("p must be positive (Eq. 19 divides by it)")
+    return p, mu, p[..., None, :] - P
+
+
 def removal_error_proxy(selected, reward, p, P, mu_hat) -> np.ndarray:
     """The squared error of Eq. (19) that the outcome model predicts, from observed data only.
 
@@ -444,22 +458,14 @@ def removal_error_proxy(selected, reward, p, P, mu_hat) -> np.ndarray:
     Shapes as :func:`mcpg.routing.dr_removal_contributions`; returns ``(..., K)``. It uses no
     reward but G, so an allocation built on it may be drawn before any exact evaluation.
     """
-    p = as_float_array(p, "p")
-    P = as_float_array(P, "P")
-    mu = as_float_array(mu_hat, "mu_hat")
+    p, mu, C = _removal_terms(p, P, mu_hat)
     G = as_float_array(reward, "reward")
-    check_same_shape(mu, p, "mu_hat", "p")
-    if P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
     if G.shape != p.shape[:-1]:
         raise ValueError(f"reward must have shape {p.shape[:-1]}, got {G.shape}")
-    if (p <= 0).any():
-        raise ValueError("p must be positive (Eq. 19 divides by it)")
     sel = np.asarray(selected).astype(int)
     if sel.shape != G.shape:
         raise ValueError(f"selected must have shape {G.shape}, got {sel.shape}")
     K = p.shape[-1]
-    C = p[..., None, :] - P  # (..., K, K): C_ij
     onehot = np.arange(K) == sel[..., None]
     p_I = np.take_along_axis(p, sel[..., None], -1)
     mu_I = np.take_along_axis(mu, sel[..., None], -1)
@@ -483,15 +489,7 @@ def predraw_error_proxy(p, P, mu_hat) -> np.ndarray:
     neither I nor G, so an allocation built on it is fixed before the draw
     (:func:`predraw_allocation`).
     """
-    p = as_float_array(p, "p")
-    P = as_float_array(P, "P")
-    mu = as_float_array(mu_hat, "mu_hat")
-    check_same_shape(mu, p, "mu_hat", "p")
-    if P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
-    if (p <= 0).any():
-        raise ValueError("p must be positive (Eq. 19 divides by it)")
-    C = p[..., None, :] - P  # (..., K, K): C_ij
+    p, mu, C = _removal_terms(p, P, mu_hat)
     return (C**2 * (mu * (1.0 - mu) * (1.0 / p - 1.0))[..., None, :]).sum(-1)
 
 
