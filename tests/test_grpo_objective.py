@@ -340,16 +340,7 @@ def test_one_agent_removal_equals_wta_equals_reward(scale):
 
 from mcpg.allocation import ExactBudget  # noqa: E402
 from mcpg.grpo.objective import budgeted_removal, credit_leverage  # noqa: E402
-
-
-def _budget_rollout(seed, B=4, m=4, K=3):
-    rng = np.random.default_rng(seed)
-    s = rng.normal(size=(B, m, K)) * 2
-    p = routing.router_propensities(s, 1.0, 0.1)
-    P = routing.leave_one_out_propensities(s, 1.0, 0.1)
-    mu = 1 / (1 + np.exp(-rng.normal(size=(B, m, K))))
-    R = (rng.random((B, m, K)) < 0.4).astype(float)
-    return p, P, mu, R
+from random_slates import budget_rollout as _budget_rollout  # noqa: E402 (tests/random_slates.py)
 
 
 @pytest.mark.parametrize("scale", SCALE_REWARDS)

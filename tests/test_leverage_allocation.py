@@ -21,6 +21,7 @@ from mcpg.allocation import (
     slate_allocation,
 )
 from mcpg.grpo.objective import budgeted_removal, credit, route_and_credit
+from random_slates import budget_rollout  # tests/random_slates.py
 
 # the routed arms of the masked grid (the control arm has one agent: nothing to allocate)
 LOGGED = sorted(p for p in Path("data/results/ch08/grid-mask").glob("*/seed0/slates.jsonl")
@@ -188,14 +189,7 @@ def test_a_draw_dependent_allocation_with_p_zero_is_biased_on_logged_slates():
 
 
 def _rollout(seed, B=4, m=4, K=3):
-    rng = np.random.default_rng(seed)
-    s = rng.normal(size=(B, m, K)) * 2
-    p = routing.router_propensities(s, 1.0, 0.1)
-    P = routing.leave_one_out_propensities(s, 1.0, 0.1)
-    mu = 1 / (1 + np.exp(-rng.normal(size=(B, m, K))))
-    R = (rng.random((B, m, K)) < 0.4).astype(float)
-    lev = rng.lognormal(size=(B, m, K)) * (rng.random((B, m, K)) > 0.1)  # some completions cut: a = 0
-    return p, P, mu, R, lev
+    return budget_rollout(seed, B, m, K, leverage=True)  # some completions cut: a = 0
 
 
 @pytest.mark.parametrize("scale", ["group", "none"])

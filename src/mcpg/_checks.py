@@ -31,6 +31,15 @@ def check_same_shape(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> 
         raise ValueError(f"{name_a} has shape {np.shape(a)} but {name_b} has shape {np.shape(b)}")
 
 
+def leave_one_out(P, p: np.ndarray) -> np.ndarray:
+    """``P`` as a float array of leave-one-out propensities ``P^{-i}_j`` for the propensities
+    ``p`` (shape ``(..., K)``): refused unless its shape is ``(..., K, K)``."""
+    P = as_float_array(P, "P")
+    if P.shape != p.shape + p.shape[-1:]:
+        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    return P
+
+
 def set_function(v, name: str = "v") -> tuple[np.ndarray, int]:
     """Check a set function stored as an array of length 2**n indexed by bitmask; return (v, n)."""
     arr = as_float_array(v, name)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, check_nonnegative, check_same_shape
+from ._checks import as_float_array, check_nonnegative, check_same_shape, leave_one_out
 
 __all__ = [
     "ALLOCATIONS",
@@ -434,11 +434,9 @@ def _removal_terms(p, P, mu_hat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Checked ``p, mu_hat`` and the weights C_ij = p_j − P^{-i}_j of the removal contribution
     Δ_i = Σ_j C_ij g_j, shape ``(..., K, K)``, that both error proxies of Eq. (19) use."""
     p = as_float_array(p, "p")
-    P = as_float_array(P, "P")
     mu = as_float_array(mu_hat, "mu_hat")
     check_same_shape(mu, p, "mu_hat", "p")
-    if P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    P = leave_one_out(P, p)
     if (p <= 0).any():
         raise ValueError("p must be positive (Eq. 19 divides by it)")
     return p, mu, p[..., None, :] - P

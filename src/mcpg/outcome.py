@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import routing
-from ._checks import as_float_array, check_positive, check_same_shape
+from ._checks import as_float_array, check_positive, check_same_shape, leave_one_out
 
 __all__ = [
     "OutcomeModel",
@@ -550,9 +550,7 @@ def dr_removal_moments(g, p, P, mu_hat, noise: str = "bernoulli") -> tuple[np.nd
     check_positive(p, "p")
     mu = as_float_array(mu_hat, "mu_hat")
     check_same_shape(mu, g, "mu_hat", "g")
-    P = as_float_array(P, "P")
-    if P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    P = leave_one_out(P, p)
     v = _reward_variance(g, noise)
     w = p[..., None, :] - P  # (..., i, j)
     b = (g - mu)[..., None, :]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive, check_same_shape
+from ._checks import as_float_array, check_positive, check_same_shape, leave_one_out
 
 __all__ = [
     "router_propensities",
@@ -103,10 +103,8 @@ def removal_contributions(g, p, P) -> np.ndarray:
     """
     g = as_float_array(g, "g")
     p = as_float_array(p, "p")
-    P = as_float_array(P, "P")
     check_same_shape(g, p, "g", "p")
-    if P.shape != p.shape + p.shape[-1:]:
-        raise ValueError(f"P must have shape {p.shape + p.shape[-1:]}, got {P.shape}")
+    P = leave_one_out(P, p)
     full = np.sum(p * g, axis=-1, keepdims=True)
     without = np.einsum("...ij,...j->...i", P, g)
     return full - without

@@ -178,6 +178,18 @@ def random_team(rng: np.random.Generator, K: int = 4, n_prompts: int = 2, n_acti
     return mechanisms.ParallelPool(logits, reward, noise=noise)
 
 
+def _outcome(system: mechanisms.System, h, actions) -> np.ndarray:
+    """``actions`` as an array, after checking that ``h`` is one of the system's prompts and
+    that ``actions`` holds one action index per agent."""
+    K = system.n_agents
+    if int(h) != h or not 0 <= h < system.n_prompts:
+        raise ValueError(f"h must be a prompt index in [0, {system.n_prompts}), got {h}")
+    a = np.asarray(actions)
+    if a.shape != (K,) or (a != np.round(a)).any() or ((a < 0) | (a >= system.n_actions)).any():
+        raise ValueError(f"actions must hold {K} action indices in [0, {system.n_actions})")
+    return a
+
+
 def valuation_fields(system: mechanisms.System, h: int, actions: Sequence[int]) -> dict[str, np.ndarray]:
     """Retention and removal valuations at one outcome (Eq. 7) and their contribution fields.
 
@@ -192,11 +204,7 @@ def valuation_fields(system: mechanisms.System, h: int, actions: Sequence[int]) 
         (shape (K, 2**K), indexed as :func:`mcpg.fields.contribution_field`).
     """
     K = system.n_agents
-    if int(h) != h or not 0 <= h < system.n_prompts:
-        raise ValueError(f"h must be a prompt index in [0, {system.n_prompts}), got {h}")
-    a = np.asarray(actions)
-    if a.shape != (K,) or (a != np.round(a)).any() or ((a < 0) | (a >= system.n_actions)).any():
-        raise ValueError(f"actions must hold {K} action indices in [0, {system.n_actions})")
+    a = _outcome(system, h, actions)
     v_ret = mechanisms.valuation_at(mechanisms.retention_values(system), h, a)
     v_rem = mechanisms.valuation_at(mechanisms.removal_values(system), h, a)
     undefined = np.isnan(v_rem)
@@ -226,11 +234,7 @@ def layer_fields(system: mechanisms.System, h: int, actions: Sequence[int],
     ``agent``, ``layer`` (1-based), ``H_l`` (the earlier agents), ``S``, ``ret``, ``rem``.
     """
     K = system.n_agents
-    if int(h) != h or not 0 <= h < system.n_prompts:
-        raise ValueError(f"h must be a prompt index in [0, {system.n_prompts}), got {h}")
-    a = np.asarray(actions)
-    if a.shape != (K,) or (a != np.round(a)).any() or ((a < 0) | (a >= system.n_actions)).any():
-        raise ValueError(f"actions must hold {K} action indices in [0, {system.n_actions})")
+    a = _outcome(system, h, actions)
     names = list(agent_names) if agent_names is not None else [str(k + 1) for k in range(K)]
     if len(names) != K:
         raise ValueError(f"agent_names must hold {K} names, got {len(names)}")

@@ -19,7 +19,9 @@ One update, top to bottom (:func:`train`):
    (:func:`mcpg.grpo.objective.budgeted_removal`; chapter 9). Allocation ``leverage`` fixes
    the evaluation probabilities before the draw from each completion's gradient leverage,
    read off the rollout (:func:`leverage_proxy`).
-5. **Advantages.** Each agent's scores are standardised within its group of m completions.
+5. **Advantages.** Each agent's scores are standardised within its group of m completions
+   (or centred: ``scale_rewards``). The draw of I, the credit and the advantages are one call,
+   :func:`mcpg.grpo.objective.route_and_credit`, the one the simulated pool makes too.
 6. **Actor update.** The clipped GRPO loss (TRL's token-level convention, ``loss_type``
    ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW.
 7. **Router update.** Only now the router learns, from this rollout's selected feedback, by
@@ -160,7 +162,7 @@ from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
 from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
-from .objective import SIGNALS, budgeted_removal, clipped_grpo_loss, credit, group_advantages, zero_std_groups
+from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
 from .provenance import start_run
 from .router import CandidateFeatures, Router
 from .rundir import RunWriter
@@ -364,20 +366,16 @@ class Engine:
         feats = self._slate_features(questions, roll, slates)
         route = self.router.route(feats)
         p, P, mu = route["p"], route["P"], route["mu_hat"]
-        # 4. filtered feedback: draw the deployed candidate I ~ p; only G = R^(I) is fed back
-        I = routing.sample_selection(p, self.select_rng)  # noqa: E741 (the paper's name)
-        G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
-        # 5. credit: wta 1{I=i} G, removal Eq. (19), oracle (reads every R); removal on an exact
-        #    budget evaluates the slates Eq. (22) draws and credits Eq. (21) (chapter 9)
-        exact = None
-        if self.budget is None:
-            scores = credit(self.signal, I, G, p, P, mu, rewards_all=R if self.signal == "oracle" else None)
-        else:
-            lev = self._leverage(roll, slates) if self._leverage_rule else None
-            scores, exact = budgeted_removal(I, G, p, P, mu, R, self.budget, self.budget_rng,
-                                             cfg["scale_rewards"], cfg["advantage_eps"], leverage=lev)
-        # 6. advantages: each agent's scores within its group of m completions of one problem
-        A = group_advantages(scores, scale_rewards=cfg["scale_rewards"], eps=cfg["advantage_eps"], axis=-2)
+        # 4-6. route_and_credit, the function the simulated pool of chapter 7 calls too:
+        #    4. filtered feedback: draw the deployed candidate I ~ p; only G = R^(I) is fed back;
+        #    5. credit: wta 1{I=i} G, removal Eq. (19), oracle (reads every R); removal on an
+        #       exact budget evaluates the slates Eq. (22) draws and credits Eq. (21) (chapter 9);
+        #    6. advantages: each agent's scores within its group of m completions of one problem
+        lev = self._leverage(roll, slates) if self._leverage_rule else None
+        step = route_and_credit(self.signal, p, P, mu, R, self.select_rng, cfg["scale_rewards"],
+                                cfg["advantage_eps"], budget=self.budget,
+                                budget_rng=self.budget_rng if self.budget is not None else None, leverage=lev)
+        I, G, scores, A, exact = step.I, step.G, step.scores, step.advantages, step.exact  # noqa: E741
         # 7. actor update: the clipped GRPO loss on each agent's own adapter
         adv_rows = torch.as_tensor(slates.to_rows(A), dtype=torch.float32)
         losses, clip_fraction = self._actor_update(roll, adv_rows)
