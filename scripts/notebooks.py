@@ -45,6 +45,7 @@ from pathlib import Path
 from urllib.parse import quote_plus
 
 import jupytext
+import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -230,9 +231,11 @@ def _reference(role: str, content: str, labels: dict[str, str]) -> str:
     return known
 
 
-def _roles(text: str, labels: dict[str, str], bib: dict) -> str:
+def _roles(text: str, labels: dict[str, str], bib: dict, keep_glue: bool = False) -> str:
     def one(m):
         role, content = m.group("role"), m.group("content")
+        if role == "glue" or role.startswith("glue:"):  # a number a cell computes (mcpg.glue)
+            return m.group(0) if keep_glue else f"`⟨{content.split(':', 1)[0]}⟩`"
         if role in ("cite", "cite:p", "cite:ps", "cite:alp", "cite:author", "cite:year"):
             return cite(content, bib)
         if role in ("cite:t", "cite:ts"):
@@ -256,12 +259,13 @@ def _roles(text: str, labels: dict[str, str], bib: dict) -> str:
 
 
 def myst_to_markdown(text: str, labels: dict[str, str] | None = None, bib: dict | None = None,
-                     macros: dict[str, str] | None = None) -> str:
+                     macros: dict[str, str] | None = None, keep_glue: bool = False) -> str:
     """Plain Markdown from one Markdown cell of a MyST chapter (see the module docstring).
 
     ``labels`` maps labels to readable text (:func:`book_labels`), ``bib`` is
     :func:`read_bib`'s dict, ``macros`` the book's MathJax macros (name -> expansion, which
-    Colab does not know; :func:`math_macros`)."""
+    Colab does not know; :func:`math_macros`). A glue role (a number a cell computes) becomes a
+    placeholder ``⟨key⟩``, or stays as it is with ``keep_glue`` (for :func:`glue_cell`)."""
     labels = {} if labels is None else labels
     bib = {} if bib is None else bib
     for name, expansion in (macros or {}).items():
@@ -283,22 +287,23 @@ def myst_to_markdown(text: str, labels: dict[str, str] | None = None, bib: dict 
             i += 1  # a label target or a MyST comment
             continue
         if not m:
-            out.append(_roles(line, labels, bib))
+            out.append(_roles(line, labels, bib, keep_glue))
             i += 1
             continue
         end = _closing(lines, i, m.group("fence"))
         opts, body = _options(lines[i + 1:end])
         name, arg = m.group("name"), m.group("arg")
-        inner = myst_to_markdown("\n".join(body), labels, bib).strip("\n")
+        inner = myst_to_markdown("\n".join(body), labels, bib, keep_glue=keep_glue).strip("\n")
         i = end + 1
         if name.startswith("prf:"):
-            heading = f"**{_roles(_prf_heading(name[4:], arg), labels, bib)}.**"
+            heading = f"**{_roles(_prf_heading(name[4:], arg), labels, bib, keep_glue)}.**"
             first = inner.lstrip().split("\n", 1)[0] if inner.strip() else ""
             joins = first and not re.match(r"^(\$\$|[-*+] |\d+\. |>|\||`{3}|#|\\\[)", first)
             out += [heading + " " + inner.lstrip()] if joins else [heading, "", inner] if inner else [heading]
         elif name == "exercise":
             number = labels.get(opts.get("label", ""), "Exercise")
-            out += [f"**{number}: {_roles(arg, labels, bib)}**" if arg else f"**{number}**", "", inner]
+            title = f"**{number}: {_roles(arg, labels, bib, keep_glue)}**" if arg else f"**{number}**"
+            out += [title, "", inner]
         elif name in ("solution-start", "solution"):
             target = labels.get(arg.strip(), "the exercise")
             out += [f"**Solution to {target}**"] + (["", inner] if inner else [])
@@ -306,7 +311,7 @@ def myst_to_markdown(text: str, labels: dict[str, str] | None = None, bib: dict 
             continue
         elif name in ADMONITIONS or name == "dropdown":
             title = arg if name in ("admonition", "dropdown") and arg else name.capitalize()
-            out += [f"> **{_roles(title, labels, bib)}**", ">"]
+            out += [f"> **{_roles(title, labels, bib, keep_glue)}**", ">"]
             out += [f"> {x}".rstrip() for x in inner.split("\n")]
         elif name in ("math", "equation"):
             out += ["$$", inner, "$$"]
@@ -339,6 +344,30 @@ def math_macros(config: Path = BOOK / "_config.yml") -> dict[str, str]:
     return {name: value if isinstance(value, str) else value[0] for name, value in macros.items()}
 
 
+GLUE_ROLE = re.compile(r"\{glue(?::[a-z]*)?\}`[^`]+`")
+GLUE_TITLE = '# @title ▶ The text above, with its numbers { display-mode: "form" }'
+
+
+def glue_cell(markdown: str):
+    """The Colab form cell that follows a Markdown cell holding glue roles (or, for the prose
+    above the set-up cell, follows that cell, which installs the library): it shows the
+    paragraphs that hold them, with the numbers the chapter's cells glued
+    (:func:`mcpg.glue.show`; a value computed further down fills in when its cell runs).
+    None for a cell without glue roles. ``markdown`` is the cell converted with its roles kept."""
+    blocks = [b for b in re.split(r"\n\s*\n", markdown.strip("\n")) if GLUE_ROLE.search(b)]
+    if not blocks:
+        return None
+    text = "\n\n".join(blocks)
+    literal = f'r"""\n{text}\n"""' if '"""' not in text else repr(text)
+    source = f"{GLUE_TITLE}\nfrom mcpg.glue import show\n\nshow({literal})"
+    return nbformat.v4.new_code_cell(source, metadata={"cellView": "form", "tags": ["glue"]})
+
+
+def _is_glue(cell) -> bool:
+    """Whether ``cell`` is a form cell of :func:`glue_cell`."""
+    return cell.cell_type == "code" and "glue" in cell.metadata.get("tags", [])
+
+
 def _notebook(text: str, book: Path = BOOK, number: int | None = None):
     """The Colab notebook of chapter ``number`` from its MyST text: Markdown cells converted."""
     nb = jupytext.reads(text, fmt="md:myst")
@@ -347,11 +376,22 @@ def _notebook(text: str, book: Path = BOOK, number: int | None = None):
     if number is not None:  # a section of this very chapter needs no "(Chapter N)"
         labels = {k: v.replace(f" (Chapter {number})", "") for k, v in labels.items()}
     macros = math_macros(book / "_config.yml")
+    cells = []
     for cell in nb.cells:
+        cells.append(cell)
         if cell.cell_type == "markdown":
-            cell.source = myst_to_markdown(cell.source, labels, bib, macros).strip("\n")
+            myst = cell.source
+            cell.source = myst_to_markdown(myst, labels, bib, macros).strip("\n")
+            numbers = glue_cell(myst_to_markdown(myst, labels, bib, macros, keep_glue=True))
+            if numbers is not None:
+                cells.append(numbers)
+    # a form cell needs the library: one for the prose above the set-up cell follows that cell
+    setup = next((i for i, c in enumerate(cells) if c.cell_type == "code" and not _is_glue(c)), None)
+    if setup is not None:
+        early = [c for c in cells[:setup] if _is_glue(c)]
+        cells = [c for c in cells[:setup] if not _is_glue(c)] + [cells[setup]] + early + cells[setup + 1:]
     # a cell that held only MyST markup (e.g. the end of a solution) has nothing left to show
-    nb.cells = [c for c in nb.cells if c.cell_type != "markdown" or c.source.strip()]
+    nb.cells = [c for c in cells if c.cell_type != "markdown" or c.source.strip()]
     for i, cell in enumerate(nb.cells):  # stable ids, so that a sync without edits changes nothing
         cell.id = f"cell-{i:03d}"
     return nb
@@ -455,7 +495,7 @@ def set_colab_install(text: str, url: str, branch: str) -> str:
 SETUP_SHOW = "Set-up: installs the library in Colab, imports, settings"
 SETUP_HIDE = "Hide the set-up"
 SETUP_HEADER = f"""---
-tags: [hide-input, hide-output]
+tags: [hide-input, hide-output, remove-stderr]
 mystnb:
   code_prompt_show: "{SETUP_SHOW}"
   code_prompt_hide: "{SETUP_HIDE}"
@@ -467,7 +507,9 @@ def fold_setup(text: str) -> str:
 
     The cell's options (``:tags: [hide-output]`` or a YAML block) become :data:`SETUP_HEADER`:
     its input hidden behind a one-line summary (MyST-NB's ``code_prompt_show``), its output
-    (pip's, in Colab) hidden too. The code is left as it is; a folded cell stays folded.
+    (pip's, in Colab) hidden too, and what its imports write to stderr (tqdm's notice that a
+    kernel has no ipywidgets) left out, so that the site shows one toggle, not a second one
+    for that notice. The code is left as it is; a folded cell stays folded.
     """
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if re.match(r"^```\{code-cell\}", line)), None)

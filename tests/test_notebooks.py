@@ -149,8 +149,8 @@ def test_colab_notebook_has_no_myst_left(md):
     text = md.read_text(encoding="utf-8")
     nb = notebooks._notebook(text, number=int(md.name[:2]))
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    left = re.findall(r"\{(?:prf:[a-z]+|exercise|solution-start|solution-end|cite|ref|numref|eq|py:\w+)\}"
-                      r"|^[`:]{3}\{|^:::|^\([\w-]+\)=$", markdown, re.M)
+    left = re.findall(r"\{(?:prf:[a-z]+|exercise|solution-start|solution-end|cite|ref|numref|eq|py:\w+"
+                      r"|glue:?\w*)\}|^[`:]{3}\{|^:::|^\([\w-]+\)=$", markdown, re.M)
     assert not left, left
     assert all(c.source.strip() for c in nb.cells if c.cell_type == "markdown")
     results = re.findall(r"^```\{prf:(\w+)\}[ \t]*(.*)$", text, re.M)
@@ -159,8 +159,66 @@ def test_colab_notebook_has_no_myst_left(md):
         heading = notebooks._prf_heading(kind, title)
         assert re.search(r"^\*\*" + re.escape(heading) + r"\.\*\*", markdown, re.M), heading
     assert markdown.count("**Exercise ") == text.count("```{exercise}")
-    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    code = [c.source for c in nb.cells if c.cell_type == "code" and "glue" not in c.metadata.get("tags", [])]
     assert code == [c.source for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "code"]
+
+
+GLUED = """# T
+
+Intro with {glue:text}`n` numbers, above the set-up cell.
+
+```{code-cell} ipython3
+import sys
+```
+
+Intro without numbers.
+
+The gap is {glue:text}`gap:+.2f` over {glue:text}`n` seeds,
+on two lines.
+
+A paragraph between, with a {cite}`paper` and no number.
+
+```{note}
+The verdict: {glue:md}`verdict`.
+```
+
+```{code-cell} ipython3
+x = 1
+```
+"""
+
+
+def test_a_cell_with_numbers_is_followed_by_a_colab_form_cell_that_shows_them():
+    """In the notebook a glue role is a placeholder; the form cell after the Markdown cell
+    shows the paragraphs that hold roles (and only those), roles kept for mcpg.glue.show."""
+    nb = notebooks._notebook(GLUED)
+    kinds = [(c.cell_type, tuple(c.metadata.get("tags", []))) for c in nb.cells]
+    assert kinds == [("markdown", ()), ("code", ()), ("code", ("glue",)),  # after the set-up cell
+                     ("markdown", ()), ("code", ("glue",)), ("code", ())]
+    early = 'show(r"""\nIntro with {glue:text}`n` numbers, above the set-up cell.\n""")'
+    assert nb.cells[2].source.endswith(early)
+    md, form = nb.cells[3].source, nb.cells[4].source
+    assert "The gap is `⟨gap⟩` over `⟨n⟩` seeds" in md and "> The verdict: `⟨verdict⟩`." in md
+    assert form.startswith(notebooks.GLUE_TITLE + "\nfrom mcpg.glue import show\n\nshow(r\"\"\"\n")
+    assert "The gap is {glue:text}`gap:+.2f` over {glue:text}`n` seeds,\non two lines." in form
+    assert "> The verdict: {glue:md}`verdict`." in form
+    assert "Intro" not in form and "between" not in form
+    assert nb.cells[4].metadata["cellView"] == "form"  # Colab shows the title, not the code
+    assert notebooks.glue_cell("No numbers here.") is None
+
+
+@pytest.mark.parametrize("md", [m for m in notebooks.chapters() if "{glue" in m.read_text(encoding="utf-8")],
+                         ids=lambda p: p.name)
+def test_every_glue_role_of_a_chapter_is_shown_by_a_form_cell(md):
+    text = md.read_text(encoding="utf-8")
+    nb = notebooks._notebook(text, number=int(md.name[:2]))
+    forms = "\n".join(c.source for c in nb.cells if "glue" in c.metadata.get("tags", []))
+    cells = jupytext.reads(text, fmt="md:myst").cells
+    prose = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    roles = re.findall(r"\{glue(?::\w*)?\}`[^`]+`", prose)
+    assert roles and all(r in forms for r in roles)
+    compiled = [compile(c.source, md.name, "exec") for c in nb.cells if "glue" in c.metadata.get("tags", [])]
+    assert len(compiled) >= 1
 
 
 def test_every_citation_is_in_the_bibliography():
@@ -202,7 +260,7 @@ def test_fold_setup_folds_the_first_code_cell_only():
     nb = jupytext.reads(out, fmt="md:myst")
     first, second = [c for c in nb.cells if c.cell_type == "code"]
     assert first.source == "import sys\nx = 1" and second.source == "y = 2"
-    assert first.metadata["tags"] == ["hide-input", "hide-output"]
+    assert first.metadata["tags"] == ["hide-input", "hide-output", "remove-stderr"]
     assert first.metadata["mystnb"] == {"code_prompt_show": notebooks.SETUP_SHOW,
                                         "code_prompt_hide": notebooks.SETUP_HIDE}
     assert second.metadata["tags"] == ["hide-output"]
