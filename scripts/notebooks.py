@@ -30,7 +30,10 @@ Colab renders plain Markdown only, so the notebooks' Markdown cells are converte
 ("**Exercise 3.1: title**", "**Solution to Exercise 3.1**"), admonitions blockquotes,
 cross-references (``{prf:ref}``, ``{ref}``, ``{numref}``, ``{eq}``) their text, citations
 (``{cite}``, ``{cite:p}``, ``{cite:t}``) author-year links built from ``book/references.bib``,
-and ``{py:func}``-like roles inline code. Code cells are copied as they are.
+and ``{py:func}``-like roles inline code. Code cells are copied as they are. A glue role (a
+number a cell computes, :mod:`mcpg.glue`) becomes a placeholder ``⟨key⟩``, and a form cell
+after its Markdown cell (:func:`glue_cell`) shows the paragraph with the number once the
+chapter's cells have run.
 """
 
 from __future__ import annotations
