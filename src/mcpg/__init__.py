@@ -14,8 +14,10 @@ idea of the paper:
 - :mod:`mcpg.allocation` (§7): allocating exact counterfactual evaluations;
 - :mod:`mcpg.grpo` (§8): multi-agent GRPO for LLM agents (imported on demand);
 - :mod:`mcpg.stats`: intervals, paired differences and summary tables, as the book reports them;
-- :mod:`mcpg.plotting`: the book's figure style and recurring figures.
-- :mod:`mcpg.results`: where the recorded results of chapters 7-9 are, found or fetched.
+- :mod:`mcpg.plotting`: the book's figure style and recurring figures;
+- :mod:`mcpg.results`: where the recorded results of chapters 7-9 are, found or fetched;
+- :mod:`mcpg.glue`: the numbers a chapter's prose quotes, from the cells that compute them,
+  on the site and in Colab.
 """
 
 __version__ = "0.1.0"
