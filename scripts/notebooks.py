@@ -50,6 +50,8 @@ from urllib.parse import quote_plus
 import jupytext
 import nbformat
 
+from mcpg.glue import ROLE as GLUE_ROLE  # a glue role, as mcpg.glue.show fills it
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 CHAPTER = re.compile(r"^\d\d_.*\.md$")
@@ -347,7 +349,6 @@ def math_macros(config: Path = BOOK / "_config.yml") -> dict[str, str]:
     return {name: value if isinstance(value, str) else value[0] for name, value in macros.items()}
 
 
-GLUE_ROLE = re.compile(r"\{glue(?::[a-z]*)?\}`[^`]+`")
 GLUE_TITLE = '# @title ▶ The text above, with its numbers { display-mode: "form" }'
 
 
