@@ -425,8 +425,8 @@ def main(argv=None) -> dict:
         result["projection"] = project(g, s, params, prompt_len, ops, layers)
     stem = f"{name.replace(' ', '-').lower()}-{args.model.replace('/', '-')}"
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from mcpg.grpo._runtime import write_json
+    write_json(out, result)
     print(json.dumps(result, indent=2))
     print(f"written to {out}", file=sys.stderr)
     return result

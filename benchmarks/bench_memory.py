@@ -144,8 +144,8 @@ def main(argv=None) -> dict:
         print(f"{b / 2**30:7.3f} GiB  {phase}")
     print(f"{result['vm_hwm_bytes'] / 2**30:7.3f} GiB  VmHWM (the run's peak)")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        from mcpg.grpo._runtime import write_json
+        write_json(Path(args.out), result)
         print(f"written to {args.out}", file=sys.stderr)
     return result
 

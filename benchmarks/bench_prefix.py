@@ -190,6 +190,7 @@ def main(argv=None) -> dict:
                  **_parse_sets(args.set)}
     if args.threads:
         overrides.setdefault("threads", args.threads)
+    from mcpg.grpo._runtime import write_json
     from mcpg.grpo.provenance import commit_state, machine_info, now
 
     cfg = resolve_config(args.config, **overrides)
@@ -206,10 +207,8 @@ def main(argv=None) -> dict:
     }
     result["wall_s"] = time.perf_counter() - t0
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"written to {out}", file=sys.stderr)
+        write_json(Path(args.out), result)
+        print(f"written to {args.out}", file=sys.stderr)
     keys = ("median_s", "ratio_to_unshared", "positions_shared", "peak_bytes")
     print(json.dumps({k: result[k] for k in keys}, indent=2))
     return result

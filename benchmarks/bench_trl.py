@@ -425,6 +425,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.arm:
         return _arm_main(args.arm, args.arm_config, args.steps, args.arm_out)
+    from mcpg.grpo._runtime import write_json
     from mcpg.grpo.provenance import commit_state, machine_info, now
 
     overrides = {**(TINY if args.tiny_random else {}), **_parse_sets(args.set)}
@@ -446,10 +447,8 @@ def main(argv=None) -> dict:
     }
     result["wall_s"] = time.perf_counter() - t
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"written to {out}", file=sys.stderr)
+        write_json(Path(args.out), result)
+        print(f"written to {args.out}", file=sys.stderr)
     print(json.dumps({"median_s": {a: r["median_s"] for a, r in result["arms"].items()},
                       "peak_bytes": {a: r["peak_bytes"] for a, r in result["arms"].items()},
                       "ratio_to_trl": result["ratio_to_trl"], "same_work": result["same_work"]}, indent=2))

@@ -79,3 +79,19 @@ def test_bench_memory_tiny_random(monkeypatch):
     import torch
 
     assert torch.Tensor.backward.__name__ == "backward" and not hasattr(torch.Tensor.backward, "__wrapped__")
+
+
+def test_bench_prefix_main_tiny_random(tmp_path, monkeypatch):
+    """benchmarks/bench_prefix.py end to end on the tiny random model: the JSON it writes is the
+    result it returns, with the commit and the machine, and every arm timed at every repeat."""
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+    spec = importlib.util.spec_from_file_location("bench_prefix", ROOT / "benchmarks" / "bench_prefix.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "sub" / "prefix.json"  # a folder that does not exist yet
+    res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8", "--set", "train_micro_batch=4",
+                      "--repeats", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert res["commit"] and res["repeats"] == 2 and res["wall_s"] > 0
+    assert all(len(v) == 2 for v in res["seconds"].values())
+    assert res["prompt_runs_shared"] <= res["rows"]

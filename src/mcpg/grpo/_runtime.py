@@ -84,6 +84,10 @@ def set_rng_state(state: dict, data_rng, select_rng) -> None:
 
 
 def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented JSON to ``path`` (its folder made if missing), atomically:
+    a reader never sees half a file, and numpy scalars and arrays are written as numbers."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n")
     os.replace(tmp, path)
