@@ -328,13 +328,29 @@ def status(what: str, runs: Path, results: Path, code: Path = ROOT, parallel: in
         state = ("recorded" if recorded else "evaluating" if len(done) >= total
                  else "started" if done else "not started")
         rows.append({"job": rel, "state": state, "updates": len(done), "of": total, "config": config})
+    for config in [c for c, s in per_update.items() if not s]:
+        per_update[config] = _recorded_seconds(config, what, results)  # none of its own yet
     left = sum(r["of"] - r["updates"] for r in rows)
     seconds = [(r["of"] - r["updates"]) * statistics.median(per_update[r["config"]])
                for r in rows if r["of"] > r["updates"] and per_update[r["config"]]]
-    hours = sum(seconds) / 3600 / max(parallel, 1) if seconds else float("nan")
-    rows.append({"job": "left", "state": f"about {hours:.1f} h at --parallel {parallel}", "updates": left,
+    estimate = (f"about {sum(seconds) / 3600 / max(parallel, 1):.1f} h" if seconds
+                else "no recorded run to time it by")
+    rows.append({"job": "left", "state": f"{estimate} at --parallel {parallel}", "updates": left,
                  "of": sum(r["of"] for r in rows)})
     return rows
+
+
+def _recorded_seconds(config: str, what: str, results: Path) -> list[float]:
+    """Seconds per update of the recorded runs of ``config`` in the other recordings: the estimate
+    of a recording that has none of its own yet."""
+    out = []
+    for other, jobs in JOBS.items():
+        for _, _, rel, _, cfg in (_job(j, other) for j in jobs):
+            metrics = results / rel / "metrics.jsonl"
+            if other != what and cfg == config and (results / rel / "eval.json").exists():
+                rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
+                out += [r["seconds"]["total"] for r in rows if "seconds" in r]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

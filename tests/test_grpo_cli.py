@@ -181,6 +181,14 @@ def test_recorder_status_reads_where_each_job_stands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{wta} " in out and "recorded" in out and "not started" in out
     assert not any((runs / j[2]).with_suffix(".log").exists() for j in jobs)  # nothing started
+    # a recording with no run of its own yet (chapter 9's arms, on the grid's config) is timed
+    # by the recorded runs of the same config elsewhere: here the one wta run, 100 s an update
+    ch09 = [rec._job(j, "ch09-mask") for j in rec.JOBS["ch09-mask"]]
+    assert {j[4] for j in ch09} == {jobs[0][4]}
+    left = rec.status("ch09-mask", runs, results, ROOT, parallel=2)[-1]
+    assert left["state"] == f"about {len(ch09) * n * 100.0 / 3600 / 2:.1f} h at --parallel 2"
+    left = rec.status("ch09-mask", runs, tmp_path / "none", ROOT)[-1]
+    assert left["state"] == "no recorded run to time it by at --parallel 1"
 
 
 def test_recorder_parks_and_restores_started_jobs(tmp_path, capsys):
