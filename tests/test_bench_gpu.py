@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from repo_scripts import load_script  # tests/repo_scripts.py
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
 
@@ -16,9 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_bench_gpu_tiny_random(tmp_path, monkeypatch):
     monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_gpu.py")
     out = tmp_path / "r.json"
     res = bench.main(["--tiny-random", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
@@ -65,9 +65,7 @@ def test_bench_memory_tiny_random(monkeypatch):
     """benchmarks/bench_memory.py on the tiny random model: every phase of a run gets a peak,
     and none exceeds the process's VmHWM (what /usr/bin/time -v reports)."""
     monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
-    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "benchmarks" / "bench_memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_memory.py")
     res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8",
                       "--set", "eval_max_new_tokens=4", "--set", "train_micro_batch=4"])
     peaks = res["phases_peak_rss_bytes"]
@@ -85,9 +83,7 @@ def test_bench_prefix_main_tiny_random(tmp_path, monkeypatch):
     """benchmarks/bench_prefix.py end to end on the tiny random model: the JSON it writes is the
     result it returns, with the commit and the machine, and every arm timed at every repeat."""
     monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
-    spec = importlib.util.spec_from_file_location("bench_prefix", ROOT / "benchmarks" / "bench_prefix.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_prefix.py")
     out = tmp_path / "sub" / "prefix.json"  # a folder that does not exist yet
     res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8", "--set", "train_micro_batch=4",
                       "--repeats", "2", "--out", str(out)])

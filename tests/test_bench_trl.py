@@ -2,13 +2,14 @@
 runs every arm and writes a JSON whose numbers hang together), and TRL's generate with the
 engine's answer-line stop (a stopped completion ends in EOS right after its answer line)."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 import torch
+
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 pytest.importorskip("trl")
 
@@ -18,10 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_trl", ROOT / "benchmarks" / "bench_trl.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_trl.py")
 
 
 def test_bench_trl_tiny_random(tmp_path):

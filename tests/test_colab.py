@@ -41,10 +41,10 @@ import jupytext
 import nbformat
 import pytest
 
+from repo_scripts import load_script  # tests/repo_scripts.py
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("notebooks", ROOT / "scripts" / "notebooks.py")
-notebooks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(notebooks)
+notebooks = load_script("scripts/notebooks.py")
 
 CHAPTERS = ["07_routed_grpo_simulation", "08_grpo_gsm8k", "09_exact_budget"]
 KERNEL = "mcpg-colab-test"

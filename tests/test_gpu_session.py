@@ -1,12 +1,13 @@
 """scripts/gpu_session.py end to end on the CPU with the tiny random model, and its carry
 helpers (the GGUF split into two halves and joined again)."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -26,10 +27,7 @@ def _environment_restored(monkeypatch):
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts" / "gpu_session.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/gpu_session.py")
 
 
 def test_halves_join_to_the_file(tmp_path):

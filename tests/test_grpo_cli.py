@@ -15,6 +15,7 @@ import torch
 
 from mcpg.grpo import __main__ as cli
 from mcpg.grpo.configs import resolve_config
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--config", "tiny-random", "--signal", "wta"]
@@ -111,12 +112,7 @@ def test_resume_needs_no_config(tmp_path, capsys, no_training):
 
 def _recorder():
     """scripts/ch08_record.py, loaded by its path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
-    return rec
+    return load_script("scripts/ch08_record.py")
 
 
 def test_recorder_commands_parse(tmp_path, capsys, no_training):
@@ -272,11 +268,8 @@ def test_recorder_jobs_name_configs_that_resolve():
 def test_cut_answers_are_sorted_by_kind():
     # scripts/ch08_cut_answers.py: a cut answer that finished its "#### n" line committed; one
     # whose marker line is unfinished, or that has no marker, did not finish a line
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("cut", ROOT / "scripts" / "ch08_cut_answers.py")
-    cut = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cut)
+    cut = load_script("scripts/ch08_cut_answers.py")
     assert cut.kind_of("3 + 4 = 7.\n#### 7\n#### 7\n###") == "finished answer line"
     assert cut.kind_of("#### 1#####################") == "marker, line unfinished"
     assert cut.kind_of("First, 3 + 4 = 7 and then") == "no marker"
@@ -295,14 +288,11 @@ def test_cut_answers_are_sorted_by_kind():
 def test_cut_answers_generate_as_the_run_evaluated(tmp_path, monkeypatch, stop):
     # the script regenerates a run's held-out answers with the run's own stop_at_answer, and
     # says whether they are the ones its eval.json graded (right where, and cut as often)
-    import importlib.util
     from types import SimpleNamespace
 
     import mcpg.grpo.train as train
 
-    spec = importlib.util.spec_from_file_location("cut", ROOT / "scripts" / "ch08_cut_answers.py")
-    cut = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cut)
+    cut = load_script("scripts/ch08_cut_answers.py")
     texts = ["2 + 3 = 5.\n#### 5\n", "#### 1####", "2 + 3 = 6.\n#### 6\n", "2 + 3 = 5 and"]
     seen = {}
 

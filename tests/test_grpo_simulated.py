@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from mcpg import routing
 from mcpg.grpo import simulated as sim
 from mcpg.grpo.objective import group_advantages, route_and_credit
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 matplotlib.use("Agg")
 
@@ -639,19 +640,9 @@ def test_rollout_diagnostics_on_trained_pools():
 
 def test_reversal_record_round_trip(tmp_path):
     """scripts/ch07_reversal.py's record of a run, read back by load_reversal, pairs by seed."""
-    import importlib.util
     import json
-    import sys
-    from pathlib import Path
 
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    spec = importlib.util.spec_from_file_location("ch07_reversal", scripts / "ch07_reversal.py")
-    script = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(scripts))  # as when run: the script finds modules beside it
-    try:
-        spec.loader.exec_module(script)
-    finally:
-        sys.path.remove(str(scripts))
+    script = load_script("scripts/ch07_reversal.py")
     cell = {"agents": "default", "unsolvable": 0.4, "check_flip": 0.2}
     assert script.config(cell, "none").unsolvable == 0.4
     assert script.config({**cell, "agents": "weak"}, "group").n_answers == 6

@@ -1,7 +1,6 @@
 """mcpg.grpo.headroom (Wilson interval, unbiased pass@k, groups with no right answer, greedy
 answers read at a smaller budget) and scripts/gsm8k_measure.py on the tiny random model."""
 
-import importlib.util
 import itertools
 import json
 from math import comb
@@ -13,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpg.grpo.headroom import cut_completion, no_right_share, pass_at_k, wilson_interval
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -76,10 +76,7 @@ def test_cut_completion():
 
 
 def _measure():
-    spec = importlib.util.spec_from_file_location("gsm8k_measure", ROOT / "scripts" / "gsm8k_measure.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/gsm8k_measure.py")
 
 
 def _rows(path):

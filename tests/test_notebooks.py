@@ -1,7 +1,6 @@
 """The Colab notebooks are in sync with their MyST chapters, and the student edition strips
 every solution while keeping the exercises."""
 
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -9,10 +8,10 @@ from pathlib import Path
 import jupytext
 import pytest
 
+from repo_scripts import load_script  # tests/repo_scripts.py
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("notebooks", ROOT / "scripts" / "notebooks.py")
-notebooks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(notebooks)
+notebooks = load_script("scripts/notebooks.py")
 
 CHAPTER = """# T
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcpg.grpo import provenance as pv
+from repo_scripts import load_script  # tests/repo_scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "data" / "results"
@@ -155,12 +156,7 @@ def _fake_code(path: Path, writes_own: bool) -> str:
 
 
 def _recorder():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ch08_record", ROOT / "scripts" / "ch08_record.py")
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
-    return rec
+    return load_script("scripts/ch08_record.py")
 
 
 @pytest.mark.parametrize("writes_own", [False, True])
