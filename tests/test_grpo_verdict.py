@@ -128,6 +128,10 @@ def test_health_sensitivity_names_what_it_leaves_out(tmp_path):
     p = verdict.paired_seeds(runs)
     assert s.loc["cut in training <= bar", "mean"] == pytest.approx(
         p.loc[[0, 2], ("deployed", "difference")].mean())
+    # cut_failures names the run that fails, and only it
+    fails = verdict.cut_failures(runs)
+    assert fails["removal"].to_dict() == {0: False, 1: True, 2: False}
+    assert not fails["wta"].any()
 
 
 def test_control_gains_and_dropouts(tmp_path):

@@ -47,7 +47,7 @@ from .rundir import Run
 from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
-           "seed_verdict", "power", "health_sensitivity", "control_gains", "dropouts",
+           "seed_verdict", "power", "health_sensitivity", "cut_failures", "control_gains", "dropouts",
            "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure", "arm_figure",
            "eq19_figure"]
 
@@ -220,6 +220,18 @@ def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scal
         rows[name] = {"mean": ci["mean"], "low": ci["low"], "high": ci["high"], "pairs": len(keep),
                       "left out": ", ".join(f"seed {s}" for s in p.index if s not in keep) or "none"}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def cut_failures(runs: list[Run], scaling: str = "group", signals=("removal", "wta")) -> dict[str, pd.Series]:
+    """For each of ``signals`` under ``scaling``, by seed: whether its run fails a cut measure, its
+    cut share over its last five updates or its held-out greedy answers' cut share above
+    ``HEALTH_BARS["truncated"]`` (columns ``cut`` and ``cut, held-out`` of
+    :func:`mcpg.grpo.health.health_table`). The runs the last rows of :func:`health_sensitivity`
+    leave out by their cuts."""
+    h = health_table(runs)
+    bar = HEALTH_BARS["truncated"]
+    fails = (h["cut"] > bar) | (h["cut, held-out"] > bar)
+    return {s: fails.xs(f"{s}-{scaling}", level="arm") for s in signals}
 
 
 def control_gains(runs: list[Run], bar: float = 0.10) -> pd.DataFrame:
