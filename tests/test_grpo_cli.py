@@ -425,3 +425,23 @@ def test_python_m_prints_an_error_line_not_a_traceback(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     want = f"error: --output {f} is an existing file; give a directory (new, or a run to --resume)"
     assert proc.stderr.strip() == want
+
+
+def test_exit_skips_teardown_only_under_a_distributed_launch(monkeypatch):
+    # one process: an ordinary sys.exit with the code
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as done:
+        cli._exit(3)
+    assert done.value.code == 3
+    # a worker of accelerate launch / torchrun: os._exit with the same code, after flushing
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    class HardExit(Exception):
+        pass
+
+    def hard_exit(code):
+        raise HardExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", hard_exit)
+    with pytest.raises(HardExit) as done:
+        cli._exit(0)
+    assert done.value.args == (0,)

@@ -264,7 +264,10 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     proc = _train_in_subprocess(launch, run, "--updates", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # on failure: whether the run had finished (eval.json) and both ends of stderr, so that an
+    # abort in a collective can be told from one at exit
+    files = sorted(p.name for p in run.iterdir()) if run.is_dir() else []
+    assert proc.returncode == 0, f"files: {files}\n{proc.stderr[:1500]}\n...\n{proc.stderr[-2500:]}"
     assert json.loads((run / "config.json").read_text())["processes"] == 2
     assert {p.name for p in (run / "checkpoint").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
     assert len(_metrics(run)) == 2

@@ -221,5 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Leave with ``code``. Under ``accelerate launch`` / torchrun (WORLD_SIZE > 1) the process
+    group is closed by :func:`main`, and the interpreter's own teardown is skipped: destroying
+    torch.distributed's C++ objects there (a store or transport thread still joinable) can abort
+    a worker with "terminate called without an active exception" after its run has finished,
+    turning a finished run into a failed launch."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
