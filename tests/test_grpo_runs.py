@@ -714,6 +714,30 @@ def test_allocation_risks_and_advantage_distance(tmp_path):
     np.testing.assert_allclose(allocation_risks(uniform, flat=np.inf)["Eq. (19), flat groups"],
                                risks["Eq. (19) alone"], rtol=1e-12)
     assert (risks["Eq. (19), flat groups"] <= risks["Eq. (19) alone"]).all()
+    # the budget's share on flat groups: a uniform p spends it as the flat entries lie
+    np.testing.assert_allclose(risks["expected evaluations"], 0.3 * 8, rtol=1e-12)
+    sc = slate_credit(uniform)
+    g = sc["removal"].to_numpy().reshape(3, -1, 4, 3)  # update, prompt, m, K
+    flat_entries = (g.std(axis=2, ddof=1) < 1e-3).mean(axis=(1, 2))
+    np.testing.assert_allclose(risks["expected on flat groups"] / risks["expected evaluations"],
+                               flat_entries, rtol=1e-12)
+    assert (allocation_risks(uniform, flat=0.0)["expected on flat groups"] == 0).all()
+    wide = allocation_risks(uniform, flat=np.inf)
+    np.testing.assert_allclose(wide["expected on flat groups"], wide["expected evaluations"], rtol=1e-12)
+    # p = 1 only on the slates with no flat entry: none of the budget on flat groups; p = 1
+    # only on those with one: all of it on slates that hold one, at least 1/K of each
+    cut = float(np.median(g.std(axis=2, ddof=1)))  # half of the groups flat
+    f_s = np.repeat((g.std(axis=2, ddof=1) < cut).mean(axis=2), 4, axis=1)  # update, slate
+    assert 0 < f_s.mean() < 1
+    for keep, expect in ((f_s == 0, 0.0), (f_s > 0, None)):
+        for row, k in zip(uniform.slates, keep):
+            row["exact_p"] = k.astype(float).tolist()
+        r = allocation_risks(uniform, flat=cut).sum()
+        share = r["expected on flat groups"] / r["expected evaluations"]
+        if expect is None:
+            assert share >= 1 / 3 and share == pytest.approx(f_s[f_s > 0].mean(), rel=1e-12)
+        else:
+            assert share == expect
     # every slate evaluated: Eq. (21) is the exact contribution, so nothing is left
     full = read_run(_write_run(tmp_path / "f", slates=_budgeted_slates(rng, lambda n: np.ones(n)), **cfg))
     r = allocation_risks(full)

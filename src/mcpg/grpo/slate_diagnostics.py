@@ -255,7 +255,12 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
       (:func:`mcpg.allocation.risk_lower_bound`);
     - ``Eq. (19), flat groups``: the part of ``Eq. (19) alone`` on groups whose Eq. (19)
       scores have a standard deviation below ``flat``, where the standardised leverage is
-      near its largest, 1/eps.
+      near its largest, 1/eps;
+    - ``expected evaluations``: Σ_s p_s, the slates the allocation evaluates on average;
+    - ``expected on flat groups``: Σ_s p_s f_s, f_s the share of slate s's K entries whose
+      group is flat (as above). Divided by ``expected evaluations``, the share of the budget
+      the allocation spent on flat groups: the share of flat entries for a uniform allocation,
+      less for one that spends where a correction can move the gradient.
     """
     sc = slate_credit(run)
     if sc["exact_p"].isna().any():
@@ -270,6 +275,7 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
         is_flat = np.broadcast_to(removal.std(axis=1, ddof=1, keepdims=True) < flat, removal.shape)
         one, s2, e2 = allocation.slate_entries(a, np.zeros_like(eta2), eta2)
         p = g["exact_p"].to_numpy()[::K]
+        flat_share = is_flat.reshape(-1, K).mean(axis=1)
         cost = np.full(p.size, K - 1.0)
         spent = float(p @ cost)
         uniform = allocation.uniform_allocation(cost, spent)
@@ -281,6 +287,8 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
             "risk uniform": allocation.allocation_risk(uniform, one, s2, e2),
             "Theorem 3 bound": allocation.risk_lower_bound(one, s2, e2, cost, spent),
             "Eq. (19), flat groups": float((a**2 * eta2)[is_flat.reshape(-1, K)].sum()),
+            "expected evaluations": float(p.sum()),
+            "expected on flat groups": float(p @ flat_share),
         })
     return pd.DataFrame(rows).set_index("update")
 
