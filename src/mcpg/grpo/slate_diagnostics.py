@@ -275,7 +275,7 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
         is_flat = np.broadcast_to(removal.std(axis=1, ddof=1, keepdims=True) < flat, removal.shape)
         one, s2, e2 = allocation.slate_entries(a, np.zeros_like(eta2), eta2)
         p = g["exact_p"].to_numpy()[::K]
-        flat_share = is_flat.reshape(-1, K).mean(axis=1)
+        flat_entries = is_flat.reshape(-1, K)
         cost = np.full(p.size, K - 1.0)
         spent = float(p @ cost)
         uniform = allocation.uniform_allocation(cost, spent)
@@ -286,9 +286,9 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
             "realised": float((a**2 * ((g["logged"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)).sum()),
             "risk uniform": allocation.allocation_risk(uniform, one, s2, e2),
             "Theorem 3 bound": allocation.risk_lower_bound(one, s2, e2, cost, spent),
-            "Eq. (19), flat groups": float((a**2 * eta2)[is_flat.reshape(-1, K)].sum()),
+            "Eq. (19), flat groups": float((a**2 * eta2)[flat_entries].sum()),
             "expected evaluations": float(p.sum()),
-            "expected on flat groups": float(p @ flat_share),
+            "expected on flat groups": float(p @ flat_entries.mean(axis=1)),
         })
     return pd.DataFrame(rows).set_index("update")
 
