@@ -551,6 +551,47 @@ def test_feedback_table_counts_reward_queries(tmp_path):
         feedback_table(unfinished)
 
 
+
+def test_cost_figure_joins_each_allocation_from_budget_0_to_the_oracle(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from mcpg.grpo.verdict import cost_figure
+
+    rng = np.random.default_rng(3)
+    arms = {"removal": {}, "oracle": {}, "leverage-b0.1": {"exact_budget": 0.1, "allocation": "leverage"},
+            "uniform-b0.1": {"exact_budget": 0.1, "allocation": "uniform"},
+            "leverage-b0.3": {"exact_budget": 0.3, "allocation": "leverage"}}
+    runs = []
+    for arm, cfg in arms.items():
+        for seed in ((0,) if arm == "leverage-b0.3" else (0, 1, 2)):
+            exact = [0] * 3 if arm == "removal" else list(rng.integers(0, 8, 3))
+            rows = [{"update": u, "signal": "removal", "reward": 0.5, "oracle": 0.5, "truncated": 0.1,
+                     "agent_accuracy": [0.1, 0.2, 0.0], "credit_mean": [0.0, 0.1, 0.0],
+                     "exact_evaluations": int(exact[u - 1])} for u in (1, 2, 3)]
+            ev = {"accuracy": float(rng.random()), "uniform_accuracy": 0.4, "best_of_k": 0.7}
+            signal = "oracle" if arm == "oracle" else "removal"
+            runs.append(read_run(_write_run(tmp_path / arm / f"seed{seed}", signal=signal, rows=rows,
+                                            eval_=ev, seed=seed, **cfg)))
+    t = feedback_table(runs)
+    ax = cost_figure(runs, colors={"leverage": "C3"}).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+    assert sorted(lines) == ["leverage", "uniform"]
+    assert lines["leverage"].get_color() == "C3"
+
+    def mean(arm, shift=1.0):
+        g = t.xs(arm, level="arm")
+        return g["feedback cost"].mean() * shift, g["deployed"].mean()
+
+    # each line: budget 0, the allocation's arms by budget, the oracle (which costs K - 1 per slate)
+    lev = [mean("removal"), mean("leverage-b0.1", 0.975), mean("leverage-b0.3", 0.975), mean("oracle")]
+    np.testing.assert_allclose(np.c_[lines["leverage"].get_data()], lev)
+    uni = [mean("removal"), mean("uniform-b0.1", 1.025), mean("oracle")]
+    np.testing.assert_allclose(np.c_[lines["uniform"].get_data()], uni)
+    assert mean("oracle")[0] == 3 * 8 * 2 and mean("removal")[0] == 0
+    assert sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().shape[0] > 0
+               and c.get_alpha() == 0.35) == len(runs)  # a dot per run
+    assert ax.get_xscale() == "symlog"
+
 def test_recorded_budget_arms_join_the_grid():
     """Chapter 9's recorded LLM arms: each run is chapter 8's grid configuration with the budget
     keys only, at the grid's commit, and spends its budget: the allocation's expected share of

@@ -24,8 +24,10 @@ intervals of one seed (:func:`mcpg.grpo.heldout.compare_runs`) are that seed's e
   against removal alone, the oracle and the uniform allocation), over the seeds each pair holds;
   :func:`config_departures`: where a run's configuration departs from a reference run's;
 - figures: :func:`paired_seed_figure` (one line per seed from one arm to the other),
-  :func:`arm_figure` (a dot per seed, the mean with its interval), :func:`eq19_figure` (Eq. 19
-  against the exact removal contribution on logged slates).
+  :func:`arm_figure` (a dot per seed, the mean with its interval), :func:`cost_figure` (a
+  measure against the reward queries each arm paid, one line per allocation from budget 0 to
+  the oracle), :func:`eq19_figure` (Eq. 19 against the exact removal contribution on logged
+  slates).
 
 Only numpy, pandas, :mod:`mcpg.stats` and :mod:`mcpg.grpo.runs` are imported at module level;
 matplotlib is imported by the figures.
@@ -41,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from .health import HEALTH_BARS, health_table
+from .health import HEALTH_BARS, feedback_table, health_table
 from .heldout import NoPairedSeeds, eval_gains, signals_over_seeds, t_interval
 from .rundir import Run
 from .runs import probe_answers
@@ -49,7 +51,7 @@ from .runs import probe_answers
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
            "seed_verdict", "power", "health_sensitivity", "cut_failures", "control_gains", "dropouts",
            "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure", "arm_figure",
-           "eq19_figure"]
+           "cost_figure", "eq19_figure"]
 
 TABLE1_ROWS = ("frozen", "control", "wta", "removal", "oracle")
 """Table 1's rows as this book records them (the frozen base model, the K = 1 positive control,
@@ -390,6 +392,56 @@ def arm_figure(runs: list[Run], title: str, measures=("deployed", "agents' mean"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def cost_figure(runs: list[Run], measure: str = "deployed", colors: dict | None = None, ax=None):
+    """A held-out ``measure`` against what each arm paid in reward queries beyond the deployed
+    ones (paper §7's cost, :func:`mcpg.grpo.health.feedback_table`): a dot per run at its own
+    cost, the arm's mean over seeds with its t-interval at its mean cost, and one line per
+    allocation (the ``allocation`` of its budgeted removal arms, ``colors[allocation]``) through
+    its arms in the order of their budget. Budget 0 (``removal`` without a budget) and budget 1
+    (the ``oracle``, the same for every allocation) are drawn in black and join every line when
+    the runs hold one arm of each. The cost axis is linear up to the smallest cost paid, then
+    logarithmic. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fb = feedback_table(runs)
+    finished = [r for r in runs if r.eval is not None]
+    signal = {r.arm: r.signal for r in finished}
+    alloc = {r.arm: r.config.get("allocation", "sqrt") for r in finished
+             if r.signal == "removal" and 0 < float(r.config.get("exact_budget", 0.0)) < 1}
+    ends = ([a for a in signal if signal[a] == "removal" and a not in alloc],
+            [a for a in signal if signal[a] == "oracle"])
+    allocs = sorted(set(alloc.values()))
+    colors = {**{a: f"C{i}" for i, a in enumerate(allocs)}, **(colors or {})}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4.0))
+    means = {}
+    for arm, g in fb.groupby(level="arm"):
+        color = colors[alloc[arm]] if arm in alloc else "black"
+        # allocations at one budget pay about the same: set them apart by a few per cent
+        shift = 1 + 0.05 * (allocs.index(alloc[arm]) - (len(allocs) - 1) / 2) if arm in alloc else 1
+        x, y = g["feedback cost"].to_numpy(float) * shift, g[measure].to_numpy(float)
+        ax.scatter(x, y, color=color, alpha=0.35, s=16)
+        ci = t_interval(y)
+        err = None if np.isnan(ci["half_width"]) else ci["half_width"]
+        means[arm] = (x.mean(), ci["mean"])
+        ax.errorbar(*means[arm], yerr=err, fmt="o", color=color, capsize=3, zorder=3)
+    start, end = (e if len(e) == 1 else [] for e in ends)
+    budget = fb["budget"].groupby(level="arm").first()
+    for a in allocs:
+        arms = start + sorted((m for m in alloc if alloc[m] == a), key=budget.get) + end
+        ax.plot(*zip(*(means[m] for m in arms)), "-", color=colors[a], label=a)
+    for arm, name in ((start, "removal alone"), (end, "oracle")):
+        if arm:
+            ax.annotate(name, means[arm[0]], xytext=(6, -12), textcoords="offset points", fontsize=8)
+    paid = fb["feedback cost"][fb["feedback cost"] > 0]
+    if len(paid):
+        ax.set_xscale("symlog", linthresh=float(paid.min()))
+    ax.set(xlabel="reward queries beyond the deployed ones, per run", ylabel=f"held-out {measure} accuracy")
+    if allocs:
+        ax.legend(title="allocation", fontsize=8)
+    return ax.figure
 
 
 def eq19_figure(sc: pd.DataFrame, title: str, ax=None):
