@@ -555,6 +555,8 @@ def test_feedback_table_counts_reward_queries(tmp_path):
 def test_cost_figure_joins_each_allocation_from_budget_0_to_the_oracle(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
+    from matplotlib.collections import PathCollection
+
     from mcpg.grpo.verdict import cost_figure
 
     rng = np.random.default_rng(3)
@@ -565,10 +567,12 @@ def test_cost_figure_joins_each_allocation_from_budget_0_to_the_oracle(tmp_path)
     for arm, cfg in arms.items():
         for seed in ((0,) if arm == "leverage-b0.3" else (0, 1, 2)):
             exact = [0] * 3 if arm == "removal" else list(rng.integers(0, 8, 3))
-            rows = [{"update": u, "signal": "removal", "reward": 0.5, "oracle": 0.5, "truncated": 0.1,
+            cut = 0.5 if (arm, seed) == ("uniform-b0.1", 2) else 0.1  # one run fails the cut bar
+            rows = [{"update": u, "signal": "removal", "reward": 0.5, "oracle": 0.5, "truncated": cut,
                      "agent_accuracy": [0.1, 0.2, 0.0], "credit_mean": [0.0, 0.1, 0.0],
                      "exact_evaluations": int(exact[u - 1])} for u in (1, 2, 3)]
-            ev = {"accuracy": float(rng.random()), "uniform_accuracy": 0.4, "best_of_k": 0.7}
+            ev = {"accuracy": 0.4 + 0.5 * float(rng.random()), "uniform_accuracy": 0.4, "best_of_k": 0.9,
+                  "router_auc": 0.9, "truncated": 0.0, "deployed_fraction": [1 / 3] * 3}
             signal = "oracle" if arm == "oracle" else "removal"
             runs.append(read_run(_write_run(tmp_path / arm / f"seed{seed}", signal=signal, rows=rows,
                                             eval_=ev, seed=seed, **cfg)))
@@ -588,8 +592,15 @@ def test_cost_figure_joins_each_allocation_from_budget_0_to_the_oracle(tmp_path)
     uni = [mean("removal"), mean("uniform-b0.1", 1.025), mean("oracle")]
     np.testing.assert_allclose(np.c_[lines["uniform"].get_data()], uni)
     assert mean("oracle")[0] == 3 * 8 * 2 and mean("removal")[0] == 0
-    assert sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().shape[0] > 0
-               and c.get_alpha() == 0.35) == len(runs)  # a dot per run
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)
+            and c.get_label() != "fails a health bar"]  # the legend's key aside
+    filled = [c for c in dots if c.get_alpha() == 0.35]
+    hollow = [c for c in dots if c.get_alpha() is None and not c.get_facecolor().size]
+    assert sum(len(c.get_offsets()) for c in filled) == len(runs) - 1  # a dot per run...
+    (failing,) = [c for c in hollow if len(c.get_offsets())]  # ...hollow where it fails a bar
+    x, y = failing.get_offsets()[0]
+    r = t.loc[("uniform-b0.1", 2)]
+    assert (x, y) == pytest.approx((r["feedback cost"] * 1.025, r["deployed"]))
     assert ax.get_xscale() == "symlog"
 
 def test_recorded_budget_arms_join_the_grid():

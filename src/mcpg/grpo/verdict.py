@@ -397,15 +397,17 @@ def arm_figure(runs: list[Run], title: str, measures=("deployed", "agents' mean"
 def cost_figure(runs: list[Run], measure: str = "deployed", colors: dict | None = None, ax=None):
     """A held-out ``measure`` against what each arm paid in reward queries beyond the deployed
     ones (paper §7's cost, :func:`mcpg.grpo.health.feedback_table`): a dot per run at its own
-    cost, the arm's mean over seeds with its t-interval at its mean cost, and one line per
+    cost, the arm's mean over seeds (a bar) with its t-interval at its mean cost, and one line per
     allocation (the ``allocation`` of its budgeted removal arms, ``colors[allocation]``) through
     its arms in the order of their budget. Budget 0 (``removal`` without a budget) and budget 1
     (the ``oracle``, the same for every allocation) are drawn in black and join every line when
-    the runs hold one arm of each. The cost axis is linear up to the smallest cost paid, then
-    logarithmic. Returns the figure."""
+    the runs hold one arm of each. A run that fails a health bar (``healthy`` of
+    :func:`mcpg.grpo.health.health_table`) is a hollow dot. The cost axis is linear up to the
+    smallest cost paid, then logarithmic. Returns the figure."""
     import matplotlib.pyplot as plt
 
     fb = feedback_table(runs)
+    healthy = health_table(runs)["healthy"].reindex(fb.index).astype(bool).to_numpy()
     finished = [r for r in runs if r.eval is not None]
     signal = {r.arm: r.signal for r in finished}
     alloc = {r.arm: r.config.get("allocation", "sqrt") for r in finished
@@ -422,11 +424,13 @@ def cost_figure(runs: list[Run], measure: str = "deployed", colors: dict | None 
         # allocations at one budget pay about the same: set them apart by a few per cent
         shift = 1 + 0.05 * (allocs.index(alloc[arm]) - (len(allocs) - 1) / 2) if arm in alloc else 1
         x, y = g["feedback cost"].to_numpy(float) * shift, g[measure].to_numpy(float)
-        ax.scatter(x, y, color=color, alpha=0.35, s=16)
+        ok = healthy[fb.index.get_locs([arm])]
+        ax.scatter(x[ok], y[ok], color=color, alpha=0.35, s=16)
+        ax.scatter(x[~ok], y[~ok], facecolors="none", edgecolors=color, s=22)
         ci = t_interval(y)
         err = None if np.isnan(ci["half_width"]) else ci["half_width"]
         means[arm] = (x.mean(), ci["mean"])
-        ax.errorbar(*means[arm], yerr=err, fmt="o", color=color, capsize=3, zorder=3)
+        ax.errorbar(*means[arm], yerr=err, fmt="_", ms=14, mew=2, color=color, capsize=3, zorder=3)
     start, end = (e if len(e) == 1 else [] for e in ends)
     budget = fb["budget"].groupby(level="arm").first()
     for a in allocs:
@@ -439,8 +443,10 @@ def cost_figure(runs: list[Run], measure: str = "deployed", colors: dict | None 
     if len(paid):
         ax.set_xscale("symlog", linthresh=float(paid.min()))
     ax.set(xlabel="reward queries beyond the deployed ones, per run", ylabel=f"held-out {measure} accuracy")
-    if allocs:
-        ax.legend(title="allocation", fontsize=8)
+    if not healthy.all():
+        ax.scatter([], [], facecolors="none", edgecolors="0.3", s=22, label="fails a health bar")
+    if allocs or not healthy.all():
+        ax.legend(title="allocation" if allocs else None, fontsize=8)
     return ax.figure
 
 
