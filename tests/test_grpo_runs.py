@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from mcpg import allocation, routing
-from mcpg.grpo.objective import credit
+from mcpg.grpo.objective import credit, credit_leverage
 from mcpg.grpo.runs import (
     NoPairedSeeds,
     advantage_alignment,
@@ -791,6 +791,19 @@ def test_allocation_risks_and_advantage_distance(tmp_path):
     assert spent_on_flat(f_s == 0) == 0
     share = spent_on_flat(f_s > 0)
     assert share >= 1 / 3 and share == pytest.approx(f_s[f_s > 0].mean(), rel=1e-12)
+    # p = 0 (the pre-draw rule's) keeps Eq. (19)'s error on its slate, not an infinite risk
+    mixed = [np.where(k, 0.75, 0.0) for k in f_s > 0]
+    for row, p in zip(uniform.slates, mixed):
+        row["exact_p"] = p.tolist()
+    r = allocation_risks(uniform)
+    assert np.isfinite(r["risk allocated"]).all() and (r["risk allocated"] > 0).all()
+    e2 = (sc["removal"] - sc["oracle"]).to_numpy().reshape(3, -1, 3) ** 2  # update, slate, K
+    a2 = np.concatenate([credit_leverage(g[u], "group", uniform.advantage_eps, axis=-2).reshape(-1, 3)
+                         for u in range(3)]).reshape(3, -1, 3) ** 2
+    w2 = (a2 * e2).sum(axis=2)
+    p = np.asarray(mixed)
+    expected = np.where(p > 0, w2 * (1 / np.where(p > 0, p, 1) - 1), w2).sum(axis=1)
+    np.testing.assert_allclose(r["risk allocated"], expected, rtol=1e-12)
     # every slate evaluated: Eq. (21) is the exact contribution, so nothing is left
     full = read_run(_write_run(tmp_path / "f", slates=_budgeted_slates(rng, lambda n: np.ones(n)), **cfg))
     r = allocation_risks(full)

@@ -247,8 +247,10 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
 
     - ``evaluated``: slates evaluated exactly (Z = 1);
     - ``Eq. (19) alone``: Σ a² η², the error of the uncorrected estimate;
-    - ``risk allocated``: :func:`mcpg.allocation.allocation_risk` of the logged p, the expected
-      error of Eq. (21)'s credit over the draws Z (Theorem 2);
+    - ``risk allocated``: the expected error of Eq. (21)'s credit over the draws Z of the
+      logged p (Theorem 2, :func:`mcpg.allocation.allocation_risk`); a slate at p = 0, which
+      only the pre-draw ``leverage`` rule sets, keeps Eq. (19)'s error
+      (:func:`mcpg.allocation.predraw_risk`, equal to Theorem 2's wherever p > 0 since σ² = 0);
     - ``realised``: Σ a² (Δ̃ − Y)² of the credit the run trained on (one draw of Z);
     - ``risk uniform``: the uniform allocation of the same expected cost Σ p (K − 1);
     - ``Theorem 3 bound``: the least risk of any allocation of that cost
@@ -282,7 +284,7 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
         rows.append({
             "update": update, "evaluated": int(g["exact_z"].to_numpy()[::K].sum()),
             "Eq. (19) alone": float(e2.sum()),
-            "risk allocated": allocation.allocation_risk(p, one, s2, e2),
+            "risk allocated": allocation.predraw_risk(p, e2),  # σ² = 0: Theorem 2's where p > 0
             "realised": float((a**2 * ((g["logged"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)).sum()),
             "risk uniform": allocation.allocation_risk(uniform, one, s2, e2),
             "Theorem 3 bound": allocation.risk_lower_bound(one, s2, e2, cost, spent),
