@@ -123,3 +123,22 @@ def test_format_interval_and_bounds():
     assert stats.format_bounds(-0.0261, -0.0634, 0.0112) == "-0.026 [-0.063, +0.011]"
     assert stats.format_bounds(0.5, np.nan, np.nan, digits=2) == "+0.50 (no interval)"
     assert stats.format_bounds(0.5, 0.4, np.nan) == "+0.500 (no interval)"
+
+
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=12),
+       st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=12))
+def test_side_of_zero_agrees_with_the_interval(a, b):
+    """The label of a paired interval is "level" exactly when it does not exclude 0, and
+    otherwise names the side its mean lies on; scalars and arrays give the same labels."""
+    n = min(len(a), len(b))
+    iv = stats.paired_difference(np.array(a[:n]), np.array(b[:n]))
+    got = stats.side_of_zero(iv.low, iv.high)
+    assert isinstance(got, str)
+    if iv.excludes_zero():
+        assert got == ("ahead" if iv.mean > 0 else "behind")
+    else:
+        assert got == "level"
+    labels = stats.side_of_zero(pd.Series([iv.low, -1.0, 0.5]), [iv.high, -0.5, 0.9],
+                                labels=("> 0", "covers 0", "< 0"))
+    assert list(labels) == [{"ahead": "> 0", "level": "covers 0", "behind": "< 0"}[got],
+                            "< 0", "> 0"]

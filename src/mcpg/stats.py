@@ -34,6 +34,7 @@ __all__ = [
     "summary_table",
     "format_interval",
     "format_bounds",
+    "side_of_zero",
     "roc_auc",
     "within_slate_auc",
 ]
@@ -116,6 +117,16 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.mean:+.3f} ± {self.half_width:.3f} ({self.level:.0%}, t_{self.n - 1}, n = {self.n})"
+
+
+def side_of_zero(low, high, labels=("ahead", "level", "behind")):
+    """Where an interval ``[low, high]`` lies against 0: ``labels[0]`` wholly above it
+    (``low > 0``), ``labels[2]`` wholly below it (``high < 0``), ``labels[1]`` covering it
+    (the case :meth:`Interval.excludes_zero` is False). Elementwise over arrays and Series (an
+    array of labels); a string for scalars."""
+    out = np.select([np.asarray(low) > 0, np.asarray(high) < 0], [labels[0], labels[2]],
+                    labels[1])
+    return out.item() if out.ndim == 0 else out
 
 
 def paired_difference(a, b, level: float = 0.95) -> Interval:
