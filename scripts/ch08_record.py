@@ -18,6 +18,8 @@ recorder takes them itself, with the same ``commit_state``; either way the file 
     python scripts/ch08_record.py grid-stop --parallel 2  # the grid with stop_at_answer: ch08/grid-stop
     python scripts/ch08_record.py grid-mask --parallel 2  # the stop grid, no gradient from cut answers
     python scripts/ch08_record.py grid-mask --status      # where its jobs stand; starts nothing
+    python scripts/ch08_record.py grid-mask-centred --parallel 2  # its centred arm on seeds 3-9
+                                                          # and the centred oracle on seeds 1, 2
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
     python scripts/ch08_record.py ch09-mask --parallel 2  # ch09/llm/grid-mask/<allocation>-b<b>-group/seed<k>
@@ -139,6 +141,17 @@ JOBS = {
         *[(sig, k, f"ch08/grid-mask/{sig}-none/seed{k}", {"scale_rewards": "none", **MASKED},
            "grid-stop") for k in range(3, 10) for sig in ("wta", "removal")],
     ],
+    # the centred arm at ten seeds (issue 61): wta and removal with centred advantages on seeds
+    # 3 to 9, seed by seed so that a partial recording stays paired, then the centred oracle on
+    # seeds 1 and 2. The grid of record's jobs with only scaling and seed set, into the same
+    # folders; recorded at one commit of today's engine (the reference test ties it to the
+    # grid's dfdbc84 bit for bit), so its one-commit rule reads these jobs only
+    "grid-mask-centred": [
+        *[(sig, k, f"ch08/grid-mask/{sig}-none/seed{k}", {"scale_rewards": "none", **MASKED},
+           "grid-stop") for k in range(3, 10) for sig in ("wta", "removal")],
+        *[("oracle", k, f"ch08/grid-mask/oracle-none/seed{k}", {"scale_rewards": "none", **MASKED},
+           "grid-stop") for k in (1, 2)],
+    ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
     # on the grid's pool and commit. Chapter 9 records the standardised ones (--only
     # ch09/llm/removal-b0.1-group/seed0 ...): there the grid's oracle is far ahead of Eq. (19),
@@ -167,8 +180,9 @@ JOBS = {
 }
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
               "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",),
-              "ch09-mask": ("ch09/llm/grid-mask",)}
-"""Recordings whose runs are compared with each other: each must run at one commit."""
+              "ch09-mask": ("ch09/llm/grid-mask",), "grid-mask-centred": None}
+"""Recordings whose runs are compared with each other: each must run at one commit. The value
+names the folders whose recorded runs set that commit; ``None``: the recording's own jobs."""
 
 
 def _job(job: tuple, what: str) -> tuple[str, int, str, dict, str]:
@@ -353,6 +367,17 @@ def _recorded_seconds(config: str, what: str, results: Path) -> list[float]:
     return out
 
 
+def recorded_commits(what: str, results: Path) -> set[str]:
+    """The commits of the recorded runs that a one-commit recording must match (``ONE_COMMIT``)."""
+    dirs = ONE_COMMIT[what]
+    if dirs is None:  # the recording's own jobs
+        files = [results / _job(j, what)[2] / "PROVENANCE.json" for j in JOBS[what]]
+        files = [f for f in files if f.exists()]
+    else:
+        files = [f for d in dirs for f in (results / d).glob("*/seed*/PROVENANCE.json")]
+    return {json.loads(f.read_text()).get("commit") for f in files}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=sorted(JOBS))
@@ -395,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(code / "src"), *filter(None, [env.get("PYTHONPATH")])])
     head = commit_state(code)["commit"]
     if a.what in ONE_COMMIT:  # one recording, one commit
-        recorded = [f for d in ONE_COMMIT[a.what] for f in (results / d).glob("*/seed*/PROVENANCE.json")]
-        commits = {json.loads(f.read_text()).get("commit") for f in recorded}
+        commits = recorded_commits(a.what, results)
         if commits - {head}:
             ap.error(f"the grid's recorded runs ran at {sorted(commits)}, this checkout is at {head}: "
                      "record with --code, a worktree at that commit (see the docstring)")

@@ -265,6 +265,31 @@ def test_recorder_jobs_name_configs_that_resolve():
     assert [m[2] for m in mask_jobs[:2]] == [f"ch08/grid-mask/{s}-group/seed0" for s in ("wta", "removal")]
 
 
+def test_centred_recording_is_the_grids_centred_jobs_at_its_own_commit(tmp_path):
+    # issue 61: the centred arm on seeds 3-9 and the centred oracle on seeds 1-2 are grid-mask's
+    # own jobs (same folders, config and overrides), recorded at one commit of their own: the
+    # grid's runs at dfdbc84 do not block it, a run of its own at another commit does
+    rec = _recorder()
+    centred = [rec._job(j, "grid-mask-centred") for j in rec.JOBS["grid-mask-centred"]]
+    grid = {j[2]: j for j in (rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"])}
+    assert [(j[0], j[1]) for j in centred[:14]] == [(s, k) for k in range(3, 10) for s in ("wta", "removal")]
+    assert [(j[0], j[1]) for j in centred[14:]] == [("oracle", 1), ("oracle", 2)]
+    for j in centred:
+        assert j[3] == {"scale_rewards": "none", "mask_truncated_completions": True}
+        assert grid.get(j[2], j)[3:] == j[3:]  # the grid's own job where it lists one
+        assert j[2].startswith("ch08/grid-mask/") and "-none/" in j[2]
+
+    def provenance(rel, commit):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "PROVENANCE.json").write_text(json.dumps({"commit": commit}))
+
+    provenance("ch08/grid-mask/wta-none/seed0", "dfdbc84")  # the grid's seed 0: not this recording's
+    assert rec.recorded_commits("grid-mask-centred", tmp_path) == set()
+    assert rec.recorded_commits("grid-mask", tmp_path) == {"dfdbc84"}
+    provenance(centred[1][2], "abc1234")
+    assert rec.recorded_commits("grid-mask-centred", tmp_path) == {"abc1234"}
+
+
 def test_cut_answers_are_sorted_by_kind():
     # scripts/ch08_cut_answers.py: a cut answer that finished its "#### n" line committed; one
     # whose marker line is unfinished, or that has no marker, did not finish a line
