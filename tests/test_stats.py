@@ -142,3 +142,43 @@ def test_side_of_zero_agrees_with_the_interval(a, b):
                                 labels=("> 0", "covers 0", "< 0"))
     assert list(labels) == [{"ahead": "> 0", "level": "covers 0", "behind": "< 0"}[got],
                             "< 0", "> 0"]
+
+
+# the sentence builders: an interval's words say what the interval shows (issue 58)
+
+
+def test_compare_reading_far_behind_with_wide_interval_cannot_be_told_apart():
+    # chapter 9's case: an arm far behind on average (0.328 against 0.604) whose interval over
+    # three seeds covers 0 is not "reaching" or "level with" the other: the seeds cannot tell
+    # them apart, it is behind on average, and both means are given
+    s = stats.compare_reading("uniform-b0.1-group", "the oracle", 0.328, 0.604, -0.70, 0.15)
+    assert "cannot be told apart" in s and "behind on average" in s
+    assert "0.328" in s and "0.604" in s and "-0.276 [-0.700, +0.150]" in s
+    for word in ("reach", "level", "match", "same as"):
+        assert word not in s
+    assert "is behind" in stats.compare_reading("removal", "wta", 0.30, 0.51, -0.36, -0.065)
+    assert "is ahead of" in stats.compare_reading("a", "b", 0.6, 0.5, 0.02, 0.18)
+
+
+@given(st.floats(0, 1), st.floats(0, 1), st.floats(0.001, 1.0))
+def test_compare_reading_follows_the_interval(ma, mb, hw):
+    # whatever the means and the width, the verb is the interval's side of 0 and nothing else
+    d = ma - mb
+    low, high = d - hw, d + hw
+    s = stats.compare_reading("a", "b", ma, mb, low, high)
+    side = stats.side_of_zero(low, high)
+    assert ("is ahead of" in s) == (side == "ahead")
+    assert ("is behind" in s) == (side == "behind")
+    assert ("cannot be told apart" in s) == (side == "level")
+    assert "reach" not in s and "level" not in s
+
+
+def test_seeds_where_names_the_seeds_a_statement_holds_on():
+    # "the mask fixed that" at ten seeds holds on some seeds only: the words name them
+    fixed = {k: k not in (3, 4, 6, 7) for k in range(10)}
+    assert stats.seeds_where(fixed) == "on seeds 0, 1, 2, 5, 8 and 9 (6 of 10)"
+    assert stats.seeds_where({k: True for k in range(10)}) == "on all 10 seeds"
+    assert stats.seeds_where({3: True, 4: False}) == "on seed 3 (1 of 2)"
+    assert stats.seeds_where({0: False, 1: False}) == "on no seed (0 of 2)"
+    with pytest.raises(ValueError):
+        stats.seeds_where({})

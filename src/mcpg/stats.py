@@ -35,6 +35,8 @@ __all__ = [
     "format_interval",
     "format_bounds",
     "side_of_zero",
+    "compare_reading",
+    "seeds_where",
     "roc_auc",
     "within_slate_auc",
 ]
@@ -127,6 +129,48 @@ def side_of_zero(low, high, labels=("ahead", "level", "behind")):
     out = np.select([np.asarray(low) > 0, np.asarray(high) < 0], [labels[0], labels[2]],
                     labels[1])
     return out.item() if out.ndim == 0 else out
+
+
+def compare_reading(a: str, b: str, mean_a: float, mean_b: float, low: float, high: float,
+                    digits: int = 3, unit: str = "seeds") -> str:
+    """The sentence the book writes about a difference ``a - b`` with interval ``[low, high]``.
+
+    Two rules keep it true to the interval. An interval that lies on one side of 0 says
+    ``a`` *is ahead of* or *is behind* ``b``; one that covers 0 says the ``unit`` *cannot tell
+    them apart*, never that one reaches, matches or is level with the other, and still says
+    which is ahead on average. Both means are always given, and the interval:
+
+    >>> compare_reading("uniform", "the oracle", 0.328, 0.604, -0.77, 0.22)
+    'uniform (0.328) and the oracle (0.604) cannot be told apart by these seeds (behind on \
+average; difference -0.276 [-0.770, +0.220])'
+    """
+    d = mean_a - mean_b
+    bounds = format_bounds(d, low, high, digits)
+    means = f"{a} ({mean_a:.{digits}f})", f"{b} ({mean_b:.{digits}f})"
+    side = side_of_zero(low, high)
+    if side != "level":
+        verb = "is ahead of" if side == "ahead" else "is behind"
+        return f"{means[0]} {verb} {means[1]} (difference {bounds})"
+    lean = "ahead on average" if d > 0 else "behind on average" if d < 0 else "equal on average"
+    return f"{means[0]} and {means[1]} cannot be told apart by these {unit} ({lean}; difference {bounds})"
+
+
+def seeds_where(holds, noun: str = "seed") -> str:
+    """On which seeds a statement about a grid holds: ``holds`` maps each seed to True or False
+    (a dict or a Series). "on all 10 seeds", "on no seed (0 of 10)", or the seeds by name with
+    their count ("on seeds 0, 1 and 5 (3 of 10)"): a statement about a grid holds on every seed
+    it has now, or names the seeds."""
+    items = sorted(dict(holds).items())
+    if not items:
+        raise ValueError("holds is empty: no seed to read")
+    yes = [str(k) for k, v in items if bool(v)]
+    n = len(items)
+    if len(yes) == n:
+        return f"on all {n} {noun}s" if n > 1 else f"on the one {noun}"
+    if not yes:
+        return f"on no {noun} (0 of {n})"
+    names = yes[0] if len(yes) == 1 else ", ".join(yes[:-1]) + " and " + yes[-1]
+    return f"on {noun}{'s' if len(yes) > 1 else ''} {names} ({len(yes)} of {n})"
 
 
 def paired_difference(a, b, level: float = 0.95) -> Interval:
