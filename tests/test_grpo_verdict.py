@@ -73,6 +73,7 @@ def test_table1_is_the_mean_over_seeds_with_its_t_interval(tmp_path):
     assert np.isnan(t.loc["control", ("entropy", "mean")])  # K = 1: no routing
     text = verdict.format_table1(t)
     assert text.loc["control", "entropy"] == "–" and "[" not in text.loc["oracle", "deployed"]
+    assert text.loc["frozen", "seeds"] == "–" and text.loc["wta", "seeds"] == 3  # one measurement
     assert text.loc["wta", "deployed"].startswith(f"{t.loc['wta', ('deployed', 'mean')]:.3f} [")
     # the centred table has no oracle row and two seeds of wta
     c = verdict.table1(runs, "none")
@@ -202,3 +203,16 @@ def test_recorded_grid_mask_is_the_stop_grid_with_cut_answers_masked():
         assert {k: v for k, v in r.config.items() if k != key} == twin.config, (r.arm, r.config["seed"])
         untrained = [json.loads((x.path / "initial_eval.json").read_text()) for x in (r, twin)]
         assert untrained[0] == untrained[1]
+
+
+def test_seeds_needed_is_the_first_n_whose_half_width_fits():
+    # the chapter's power sentence: at a per-seed spread of 0.2, resolving +-0.04 takes about 100
+    # seeds; n is the first whose t half-width fits and n - 1 does not
+    for sd, hw in ((0.2, 0.04), (0.207, 0.04), (0.1, 0.1), (1.0, 0.3)):
+        n = verdict.seeds_needed(sd, hw)
+        assert stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) <= hw
+        if n > 2:
+            assert stats.t.ppf(0.975, n - 2) * sd / np.sqrt(n - 1) > hw
+    assert 95 <= verdict.seeds_needed(0.2, 0.04) <= 102
+    with pytest.raises(ValueError):
+        verdict.seeds_needed(0.0, 0.04)

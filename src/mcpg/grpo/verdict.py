@@ -49,7 +49,7 @@ from .rundir import Run
 from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
-           "seed_verdict", "power", "health_sensitivity", "cut_failures", "control_gains", "dropouts",
+           "seed_verdict", "power", "seeds_needed", "health_sensitivity", "cut_failures", "control_gains", "dropouts",
            "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure", "arm_figure",
            "cost_figure", "eq19_figure"]
 
@@ -122,7 +122,9 @@ def table1(runs: list[Run], scaling: str = "group", level: float = 0.95) -> pd.D
 
 def format_table1(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """:func:`table1` as text: ``mean [low, high]`` per cell, the mean alone where there is no
-    interval (one seed, or every seed equal), ``–`` where the measure does not apply."""
+    interval (one seed, or every seed equal), ``–`` where the measure does not apply. The frozen
+    model's ``seeds`` is ``–`` too: it answers the same held-out problems for every seed, one
+    measurement however many seeds the grid has."""
     def cell(mean, low, high):
         if np.isnan(mean):
             return "–"
@@ -132,7 +134,7 @@ def format_table1(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     cols = {c: [cell(*table.loc[r, [(c, "mean"), (c, "low"), (c, "high")]]) for r in table.index]
             for c in TABLE1_COLUMNS}
     out = pd.DataFrame(cols, index=table.index)
-    out["seeds"] = table["seeds", "n"].astype(int)
+    out["seeds"] = [("–" if r == "frozen" else int(n)) for r, n in table["seeds", "n"].items()]
     return out
 
 
@@ -179,6 +181,17 @@ def power(differences, level: float = 0.95, target: float | None = None, seeds=(
     for k in seeds:
         out[f"half_width_{k}"] = float(stats.t_quantile(level, k - 1) * iv.sd / np.sqrt(k))
     return out
+
+
+def seeds_needed(sd: float, half_width: float, level: float = 0.95) -> int:
+    """The fewest paired seeds whose t-interval, at the per-seed spread ``sd``, has a half-width
+    of at most ``half_width``: the smallest n with ``t_{n-1} sd / sqrt(n) <= half_width``."""
+    if sd <= 0 or half_width <= 0:
+        raise ValueError(f"sd and half_width must be positive, got {sd} and {half_width}")
+    n = 2
+    while stats.t_quantile(level, n - 1) * sd / np.sqrt(n) > half_width:
+        n += 1
+    return n
 
 
 def seed_verdict(runs: list[Run], a: str = "removal", b: str = "wta", scaling: str = "group",
