@@ -49,9 +49,9 @@ from .rundir import Run
 from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
-           "seed_verdict", "power", "seeds_needed", "health_sensitivity", "cut_failures", "control_gains", "dropouts",
-           "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure", "arm_figure",
-           "cost_figure", "eq19_figure"]
+           "seed_verdict", "power", "seeds_needed", "health_sensitivity", "cut_failures", "control_gains",
+           "dropouts", "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure",
+           "arm_figure", "cost_figure", "eq19_figure"]
 
 TABLE1_ROWS = ("frozen", "control", "wta", "removal", "oracle")
 """Table 1's rows as this book records them (the frozen base model, the K = 1 positive control,
