@@ -38,3 +38,20 @@ def test_evaluation_probabilities_refuses_a_run_without_a_budget():
         evaluation_probabilities(_run([{"update": 1, "p": [[0.5, 0.5]]}]))
     with pytest.raises(ValueError, match="no slates"):
         evaluation_probabilities(_run([]))
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "results" / "ch09" / "llm" / "grid-mask"
+
+
+@pytest.mark.skipif(not RECORDED.is_dir(), reason="chapter 9's LLM arms are not recorded here")
+def test_the_recorded_top_n_rule_is_deterministic_at_a_tenth():
+    """Chapter 9 says so: at b = 0.1 every slate of the top-n rule has p = 0 or 1, the same
+    count at 1 on every rollout; at b = 0.3 every positive p is above one half."""
+    from mcpg.grpo.rundir import read_run
+
+    for budget in ("0.1", "0.3"):
+        for seed in sorted((RECORDED / f"leverage-b{budget}-group").glob("seed*")):
+            t = evaluation_probabilities(read_run(seed))
+            assert (t["least positive"] > 0.5).all()
+            if budget == "0.1":
+                assert (t["between"] == 0).all() and t["at 1"].nunique() == 1
