@@ -14,6 +14,8 @@ On a recorded run's logged slates (:class:`mcpg.grpo.rundir.Run`):
 - :func:`slate_credit`: Eq. (19) from the deployed reward only, its exact expectation over the
   router's draw, and the exact removal contribution (Corollary 3: the last two are equal);
 - :func:`allocation_risks`: Theorem 2's gradient risk of a budgeted run's exact evaluations;
+- :func:`evaluation_probabilities`: where a budgeted run's evaluation probabilities lay (0, 1
+  or in between), rollout by rollout;
 - :func:`advantage_distance`: how far the trained advantages lay from the exact signal's;
 - :func:`group_signal`: per GRPO group, whether any candidate was right and how far it moved;
 - :func:`expected_advantage`, :func:`advantage_bias`: the bias group standardisation adds;
@@ -35,8 +37,9 @@ from .objective import ADVANTAGE_EPS, credit, credit_leverage, group_advantages
 from .rundir import Run
 
 __all__ = ["advantage_moments", "expected_advantages", "group_alignment", "OUTCOMES", "group_by_outcome",
-           "slate_credit", "allocation_risks", "advantage_distance", "group_signal", "expected_advantage",
-           "slate_groups", "advantage_alignment", "advantage_by_outcome", "advantage_bias"]
+           "slate_credit", "allocation_risks", "evaluation_probabilities", "advantage_distance",
+           "group_signal", "expected_advantage", "slate_groups", "advantage_alignment",
+           "advantage_by_outcome", "advantage_bias"]
 
 
 def advantage_moments(signal: str, p, P, mu_hat, rewards_all, scale_rewards: str = "group",
@@ -292,6 +295,35 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
             "expected evaluations": float(p.sum()),
             "expected on flat groups": float(p @ flat_entries.mean(axis=1)),
         })
+    return pd.DataFrame(rows).set_index("update")
+
+
+def evaluation_probabilities(run: Run) -> pd.DataFrame:
+    """Where a budgeted run's evaluation probabilities lay, rollout by rollout.
+
+    Read from the ``exact_p`` each logged slate of a run with ``exact_budget`` carries (one per
+    slate). A slate at p = 1 is evaluated on every draw and its correction is weighted by
+    1/p = 1; a slate at p = 0 is never evaluated and keeps Eq. (19)'s credit; only a slate with
+    0 < p < 1 is evaluated at random and has its correction multiplied by 1/p > 1. Columns, one
+    row per update:
+
+    - ``slates``: the rollout's slates;
+    - ``at 0``, ``at 1``, ``between``: how many slates had p = 0, p = 1 and 0 < p < 1;
+    - ``least positive``: the least p above 0 (NaN when every p is 0);
+    - ``expected evaluations``: Σ_s p_s.
+    """
+    rows = []
+    for row in run.slates:
+        if "exact_p" not in row:
+            raise ValueError(f"{run.path}: its slates log no exact_p (a run without exact_budget)")
+        p = np.asarray(row["exact_p"], float).ravel()
+        positive = p[p > 0]
+        rows.append({"update": row["update"], "slates": int(p.size), "at 0": int((p == 0).sum()),
+                     "at 1": int((p == 1).sum()), "between": int(((p > 0) & (p < 1)).sum()),
+                     "least positive": float(positive.min()) if positive.size else np.nan,
+                     "expected evaluations": float(p.sum())})
+    if not rows:
+        raise ValueError(f"{run.path} holds no slates.jsonl")
     return pd.DataFrame(rows).set_index("update")
 
 
