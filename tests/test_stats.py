@@ -182,3 +182,15 @@ def test_seeds_where_names_the_seeds_a_statement_holds_on():
     assert stats.seeds_where({0: False, 1: False}) == "on no seed (0 of 2)"
     with pytest.raises(ValueError):
         stats.seeds_where({})
+
+
+def test_compare_reading_takes_the_paired_mean_and_other_verbs():
+    # the mean of the per-seed differences is printed when given (rounding at a half unit can
+    # differ from mean_a - mean_b), and a lower-is-better measure reads "is above" / "is below"
+    s = stats.compare_reading("removal", "wta", 0.405, 0.6175, -0.36, -0.065, difference=-0.2124)
+    assert "-0.212 [" in s and "is behind" in s
+    s = stats.compare_reading("removal", "wta", 0.205, 0.188, 0.009, 0.026,
+                              verbs=("is above", "is below"))
+    assert "removal (0.205) is above wta (0.188)" in s
+    s = stats.compare_reading("a", "b", 0.2, 0.1, -0.1, 0.3, verbs=("is above", "is below"))
+    assert "above on average" in s and "cannot be told apart" in s

@@ -132,26 +132,31 @@ def side_of_zero(low, high, labels=("ahead", "level", "behind")):
 
 
 def compare_reading(a: str, b: str, mean_a: float, mean_b: float, low: float, high: float,
-                    digits: int = 3, unit: str = "seeds") -> str:
+                    digits: int = 3, unit: str = "seeds", difference: float | None = None,
+                    verbs: tuple[str, str] = ("is ahead of", "is behind")) -> str:
     """The sentence the book writes about a difference ``a - b`` with interval ``[low, high]``.
 
     Two rules keep it true to the interval. An interval that lies on one side of 0 says
-    ``a`` *is ahead of* or *is behind* ``b``; one that covers 0 says the ``unit`` *cannot tell
-    them apart*, never that one reaches, matches or is level with the other, and still says
-    which is ahead on average. Both means are always given, and the interval:
+    ``a`` *is ahead of* or *is behind* ``b`` (``verbs``; e.g. ``("is above", "is below")`` for
+    a measure where lower is better, such as a Brier score); one that covers 0 says the
+    ``unit`` *cannot tell them apart*, never that one reaches, matches or is level with the
+    other, and still says which way it leans on average. Both means are always given, and the
+    interval. ``difference``: the mean of the paired differences when the caller has it (it
+    equals ``mean_a - mean_b`` over the same seeds up to rounding), else ``mean_a - mean_b``:
 
     >>> compare_reading("uniform", "the oracle", 0.328, 0.604, -0.77, 0.22)
     'uniform (0.328) and the oracle (0.604) cannot be told apart by these seeds (behind on \
 average; difference -0.276 [-0.770, +0.220])'
     """
-    d = mean_a - mean_b
+    d = mean_a - mean_b if difference is None else difference
     bounds = format_bounds(d, low, high, digits)
     means = f"{a} ({mean_a:.{digits}f})", f"{b} ({mean_b:.{digits}f})"
     side = side_of_zero(low, high)
     if side != "level":
-        verb = "is ahead of" if side == "ahead" else "is behind"
+        verb = verbs[0] if side == "ahead" else verbs[1]
         return f"{means[0]} {verb} {means[1]} (difference {bounds})"
-    lean = "ahead on average" if d > 0 else "behind on average" if d < 0 else "equal on average"
+    up, down = (v.removeprefix("is ").removesuffix(" of") for v in verbs)
+    lean = f"{up} on average" if d > 0 else f"{down} on average" if d < 0 else "equal on average"
     return f"{means[0]} and {means[1]} cannot be told apart by these {unit} ({lean}; difference {bounds})"
 
 
