@@ -304,9 +304,16 @@ def test_default_groups():
     assert cr.default_groups(pool) == [0b110, 0b101, 0b011]
     pipe = random_system(0, "pipeline")
     assert cr.default_groups(pipe) == [0b000, 0b001, 0b011]
-    with pytest.raises(ValueError, match="groups"):
-        cr.baselines(cr.MaskedCritic.for_system(pipe), pipe, pipe.sample(4, np.random.default_rng(0)),
-                     groups=[0b010, 0, 0])
+    blank, draws = cr.MaskedCritic.for_system(pipe), pipe.sample(4, np.random.default_rng(0))
+    # the solver as the planner's background: i ∉ S holds, S within i's own layer does not
+    with pytest.raises(ValueError, match=r"groups\[0\].*\[1\].*own layer") as err:
+        cr.baselines(blank, pipe, draws, groups=[0b010, 0, 0])
+    assert "needs i ∉ S" not in str(err.value)
+    # agent i in its own group: that is the condition i ∉ S
+    with pytest.raises(ValueError, match=r"groups\[1\] contains agent 1 itself.*i ∉ S"):
+        cr.baselines(blank, pipe, draws, groups=[0, 0b010, 0])
+    # an earlier layer's agent is part of the history H_ℓ: accepted
+    assert cr.baselines(blank, pipe, draws, groups=[0, 0b001, 0b011]).shape == (4, 3)
 
 
 # --- cross-fitting --------------------------------------------------------------------

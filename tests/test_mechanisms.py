@@ -64,6 +64,19 @@ def test_theorem1_candidate_blind_router_has_no_bias(seed, tau, eps):
     pool = M.random_routed_pool(np.random.default_rng(seed), K=3, tau=tau, eps=eps, blind=True)
     assert pool.candidate_blind
     assert _norm(M.winner_take_all_bias(pool)) < 1e-12
+    np.testing.assert_allclose(M.winner_take_all_cosines(pool), 1.0, atol=1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seeds, st.floats(0.2, 3.0), st.floats(0.0, 0.5))
+def test_winner_take_all_cosines(seed, tau, eps):
+    """cos(∇U_i, ∇J) from ∇J = ∇U_i + b_i: ⟨u, u + b⟩ / (‖u‖ ‖u + b‖), per agent."""
+    pool = M.random_routed_pool(np.random.default_rng(seed), K=3, tau=tau, eps=eps)
+    gU, b = M.private_utility_gradients(pool), M.winner_take_all_bias(pool)
+    want = [np.vdot(u, u + c) / np.linalg.norm(u) / np.linalg.norm(u + c) for u, c in zip(gU, b)]
+    np.testing.assert_allclose(M.winner_take_all_cosines(pool), want, atol=1e-12)
+    assert (np.abs(M.winner_take_all_cosines(pool)) <= 1 + 1e-12).all()
+
 
 
 @settings(max_examples=10, deadline=None)

@@ -147,6 +147,28 @@ def test_tabular_fit_is_the_cellwise_weighted_mean():
 
 
 @pytest.mark.parametrize("weighted", [True, False])
+def test_ridge_pull_on_a_cell_with_constant_rewards(weighted):
+    """A cell whose rewards are all 0 or all 1 has no finite unpenalised optimum. With the ridge,
+    the first-order condition n_eff (σ(s) − y) / B + l2 s = 0 gives |μ̂ − y| = l2 B |s| / n_eff,
+    n_eff the cell's deployments, each counted 1/p when weighted (chapter 5, Exercise 2)."""
+    pool, rng = _router_reads_answers(3)
+    s = pool.sample(3000, rng)
+    cells, n = oc.candidate_cells(pool, s, "answer")
+    rows = np.arange(len(s))
+    c_sel = cells[rows, s.selected]
+    y_cell = (np.arange(n) % 2).astype(float)  # every cell's reward is constant, 0 or 1
+    l2 = 1e-4
+    model = oc.fit_outcome_model(cells, s.selected, y_cell[c_sel], s.p, weighted=weighted, n_cells=n, l2=l2)
+    w = 1.0 / s.p[rows, s.selected] if weighted else np.ones(len(s))
+    n_eff = np.bincount(c_sel, weights=w, minlength=n)
+    seen = n_eff > 0
+    mu, target = model.predict(np.arange(n))[seen], y_cell[seen]
+    pull = l2 * len(s) * np.abs(np.log(mu / (1 - mu))) / n_eff[seen]
+    np.testing.assert_allclose(np.abs(mu - target), pull, rtol=1e-3)
+    assert np.abs(mu - target).max() > 1e-3  # the pull is visible, not rounding
+
+
+@pytest.mark.parametrize("weighted", [True, False])
 def test_tabular_objective_is_the_ipw_loss_on_the_raw_slates(weighted):
     """The tabular fit evaluates its loss from per-cell sums; at the fitted parameters that
     equals routing.ipw_outcome_loss (or the unweighted loss) on every raw slate, plus the ridge."""

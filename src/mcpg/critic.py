@@ -6,7 +6,8 @@ zeroed). It is trained by the squared loss on the deployed reward G,
 
     L(φ) = E[(G − q̂_φ(H, m(S), A^(S)))²],
 
-with the masks S drawn independently of the actions. Lemma 2: the minimiser is
+with the masks S drawn independently of the whole trajectory given H (the actions, the
+reward's noise, a router's draw). Lemma 2: the minimiser is
 E[G | H, A^(S)] = q^ret(S), the retention value of Eq. (8), for every S the mask design
 reaches. Proposition 5: for agent i and any S that excludes A^(i) (and every agent that
 acts after i), the factual residual G − q̂(S) of a *fixed or cross-fitted* critic is a
@@ -202,7 +203,7 @@ class MaskedData:
 
 def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random.Generator | None = None,
                    n_random: int = 1, prob: float = 0.5) -> MaskedData:
-    """Pair each trajectory with masks drawn independently of its actions (Lemma 2).
+    """Pair each trajectory with masks drawn independently of the trajectory (Lemma 2).
 
     Args:
         masks: the mask design.
@@ -213,7 +214,8 @@ def masked_dataset(system: System, samples: Samples, masks="all", rng: np.random
             a 1-d sequence of bitmasks: every trajectory under each listed group
             (e.g. the groups N \\ {i} that the baselines will query);
             a bool array (n, K): one given mask per trajectory (the caller vouches that it
-            was drawn independently of the actions; a mask that reads them breaks Lemma 2).
+            was drawn independently of the trajectory given H: a mask that reads the actions,
+            or only the reward, breaks Lemma 2).
     """
     n, K = len(samples), system.n_agents
     if isinstance(masks, str):
@@ -400,7 +402,8 @@ def fit_critic(inputs: torch.Tensor, targets, weights=None, *, hidden: int = 64,
 
     Member e minimises Σ_k w_ek (y_k − q̂_e(x_k))² / Σ_k w_ek. By Lemma 2 its minimiser over
     all functions is E[G | H, A^(S)] on every (H, S, A^(S)) the data reach, when the masks
-    were drawn independently of the actions. The learning rate follows a cosine schedule
+    were drawn independently of the whole trajectory given H (the actions, the reward's noise,
+    a router's draw); not reading the actions is not enough. The learning rate follows a cosine schedule
     to zero, so the last steps settle rather than oscillate; each member's output bias
     starts at its weighted mean target.
 
@@ -564,8 +567,13 @@ def _check_groups(system: System, groups) -> list[int]:
         S = int(S)
         bad = [j for j in [i] + _later_agents(system, i) if (S >> j) & 1]
         if bad:
-            raise ValueError(f"groups[{i}] contains agent(s) {bad}, whose actions depend on A^({i}): "
-                             "the baseline would not be valid (Proposition 5 needs i ∉ S)")
+            if bad == [i]:
+                why = f"agent {i} itself (Proposition 5 needs i ∉ S)"
+            else:
+                why = (f"agent(s) {bad}, whose actions may depend on A^({i}): Proposition 5 "
+                       f"needs S within agent {i}'s own layer, S ⊆ N_ℓ \\ {{{i}}} (earlier "
+                       "layers' outputs are part of the history H_ℓ)")
+            raise ValueError(f"groups[{i}] contains {why}; the baseline would not be valid")
         out.append(S)
     return out
 

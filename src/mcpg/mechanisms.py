@@ -50,6 +50,7 @@ __all__ = [
     "private_utilities",
     "private_utility_gradients",
     "winner_take_all_bias",
+    "winner_take_all_cosines",
     "retention_value",
     "retention_values",
     "removal_values",
@@ -521,6 +522,16 @@ def private_utility_gradients(system: RoutedPool) -> list[np.ndarray]:
 def winner_take_all_bias(system: RoutedPool) -> list[np.ndarray]:
     """b_i = E[Psi_i D_i], D_i = 1{I != i} G, the displaced competitor return (Theorem 1)."""
     return [score_expectation(system, system.displaced_return(i))[i] for i in range(system.n_agents)]
+
+
+def winner_take_all_cosines(system: RoutedPool) -> np.ndarray:
+    """cos(nabla_theta_i U_i, nabla_theta_i J_sys) for each agent i, exactly (Theorem 1).
+
+    The direction winner-take-all credit follows against the system's: 1 when b_i = 0 (a
+    candidate-blind router), negative when the private update points downhill. Shape (K,).
+    """
+    pairs = zip(private_utility_gradients(system), system_gradient(system))
+    return np.array([np.vdot(u, j) / np.linalg.norm(u) / np.linalg.norm(j) for u, j in pairs])
 
 
 def finite_difference_gradients(system: System, value, step: float = 1e-5) -> list[np.ndarray]:

@@ -161,8 +161,10 @@ def fit_outcome_model(features, selected, reward, p, weighted: bool = True, hidd
         weighted: use the inverse-propensity weights (True) or not (False).
         n_cells: number of cells for integer features (default: max id + 1).
         l2: ridge penalty on the parameters; it keeps the logits of cells whose rewards are
-            all 0 or all 1 finite. The data term is a mean over the B slates, so keep
-            ``l2 * B`` small against the number of samples in the smallest cell.
+            all 0 or all 1 finite, and such a tabular cell's fit is then off by exactly
+            ``l2 * B * |s| / n_eff`` (logit s; n_eff its deployments, each counted 1/p when
+            weighted). The data term is a mean over the B slates, so keep ``l2 * B`` small
+            against the number of samples in the smallest cell.
         max_iter: L-BFGS iterations.
         seed: seed of the network's initialisation (float features with hidden > 0).
     """
