@@ -10,7 +10,7 @@ The MyST Markdown chapters in ``book/`` are the only source. This script derives
 - ``check``: exits 1 when a committed notebook's cells differ from its source, or a chapter's
   Colab install from the configuration (CI runs it).
 - ``fold-setup``: rewrites each chapter's set-up cell (its first code cell) so that the site
-  shows it folded behind a one-line summary (tags ``hide-input``, ``hide-output`` and
+  shows it folded behind a one-line summary (tags ``hide-input``, ``remove-output`` and
   MyST-NB's ``code_prompt_show``/``code_prompt_hide``). Idempotent.
 - ``student [--out DIR]``: the student edition, in its own folder (default
   ``_build/student``): the site built with every solution removed (sphinx-exercise's
@@ -499,7 +499,7 @@ def set_colab_install(text: str, url: str, branch: str) -> str:
 SETUP_SHOW = "Set-up: installs the library in Colab, imports, settings"
 SETUP_HIDE = "Hide the set-up"
 SETUP_HEADER = f"""---
-tags: [hide-input, hide-output, remove-stderr]
+tags: [hide-input, remove-output]
 mystnb:
   code_prompt_show: "{SETUP_SHOW}"
   code_prompt_hide: "{SETUP_HIDE}"
@@ -510,10 +510,11 @@ def fold_setup(text: str) -> str:
     """The chapter with its first code cell (the set-up cell) folded on the site.
 
     The cell's options (``:tags: [hide-output]`` or a YAML block) become :data:`SETUP_HEADER`:
-    its input hidden behind a one-line summary (MyST-NB's ``code_prompt_show``), its output
-    (pip's, in Colab) hidden too, and what its imports write to stderr (tqdm's notice that a
-    kernel has no ipywidgets) left out, so that the site shows one toggle, not a second one
-    for that notice. The code is left as it is; a folded cell stays folded.
+    its input hidden behind a one-line summary (MyST-NB's ``code_prompt_show``) and its output
+    left off the site (pip's in Colab; what its imports write to stderr, such as tqdm's notice
+    that a kernel has no ipywidgets), so that the site shows one toggle: ``hide-output`` would
+    add a second toggle with the same summary. The code is left as it is; a folded cell stays
+    folded.
     """
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if re.match(r"^```\{code-cell\}", line)), None)

@@ -19,11 +19,15 @@ METHOD_COLORS = {
 
 
 def set_theme() -> None:
-    """Apply the book's seaborn theme (white grid, colour-blind palette, readable sizes)."""
+    """Apply the book's seaborn theme (white grid, colour-blind palette, readable sizes).
+
+    Text is a quarter larger than seaborn's notebook context: a figure 7 inches wide is shown
+    about 350 pixels wide on a phone, where the default 10-point labels would be about 6
+    pixels high."""
     import matplotlib as mpl
     import seaborn as sns
 
-    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind", font_scale=1.25)
     mpl.rcParams.update({"figure.figsize": (6.4, 3.8), "figure.dpi": 110, "axes.titlesize": "medium",
                          "savefig.bbox": "tight"})
 
