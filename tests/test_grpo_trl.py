@@ -1,11 +1,14 @@
-"""Our clipped GRPO loss and token log-probabilities against TRL's GRPOTrainer on the same batch.
+"""Our clipped GRPO loss, advantages and token log-probabilities against TRL's GRPOTrainer.
 
 TRL's ``GRPOTrainer._compute_loss`` is called directly on a hand-made batch (prompt and
-completion ids, masks, advantages, old log-probabilities), for each token aggregation
-(``loss_type``) that :func:`mcpg.grpo.objective.clipped_grpo_loss` implements; the default
-is TRL's default, ``"dapo"``.
+completion ids, masks, advantages, old and reference log-probabilities), for each token
+aggregation (``loss_type``) that :func:`mcpg.grpo.objective.clipped_grpo_loss` implements (the
+default is TRL's default, ``"dapo"``), with and without the KL term (``beta``). TRL's
+``_generate_and_score_completions`` turns given rewards into advantages for each
+``scale_rewards``, against :func:`mcpg.grpo.objective.group_advantages`.
 """
 
+import inspect
 import warnings
 
 import pytest
@@ -15,9 +18,11 @@ pytest.importorskip("trl")
 
 from mcpg.grpo.agents import AgentPool, AgentSpec, Rollout  # noqa: E402
 from mcpg.grpo.models import load_base  # noqa: E402
-from mcpg.grpo.objective import clipped_grpo_loss  # noqa: E402
+from mcpg.grpo.objective import SCALE_REWARDS, clipped_grpo_loss, group_advantages  # noqa: E402
 
 TEMPERATURE = 0.7
+REWARDS: list[float] = []
+"""What the trainer's reward function returns (empty: zeros)."""
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -33,10 +38,12 @@ def trainer(tmp_path_factory):
     args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=4,
                       num_generations=4, max_completion_length=6, report_to="none", use_cpu=True,
                       save_strategy="no", bf16=False, fp16=False, max_steps=1, temperature=TEMPERATURE)
+    def rewards(completions, **kw):  # the rewards a test puts in REWARDS, else 0
+        return list(REWARDS) or [0.0] * len(completions)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tr = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                         args=args, train_dataset=ds, processing_class=tok)
+        tr = GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=ds, processing_class=tok)
     tr.current_gradient_accumulation_steps = 1  # set by the training loop; one batch, no accumulation
     return tr
 
@@ -120,3 +127,80 @@ def test_agent_logprobs_equal_trl(trainer):
         torch.testing.assert_close(ours[m], ref[m], rtol=1e-5, atol=1e-5)
     finally:
         pool.model.unload()  # take the adapters off the shared module-scoped model
+        for p in base.parameters():  # and give it back trainable, as the pool found it
+            p.requires_grad_(True)
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
+def test_kl_term_equals_trl(trainer, loss_type, bias_correction):
+    """``beta`` > 0: the loss with TRL's k3 KL term to a reference policy, and its gradient, equal
+    TRL's, with and without TRL's ``use_bias_correction_kl`` (its default: on)."""
+    from trl import GRPOConfig
+
+    assert GRPOConfig.__dataclass_fields__["use_bias_correction_kl"].default is True
+    assert inspect.signature(clipped_grpo_loss).parameters["use_bias_correction_kl"].default is True
+    b = _batch(seed=4)
+    trainer.model.train()
+    with torch.no_grad():
+        cur = _trl_logps(trainer, b)
+    g = torch.Generator().manual_seed(5)
+    old = cur + 0.3 * torch.randn(cur.shape, generator=g)
+    ref = cur + 0.5 * torch.randn(cur.shape, generator=g)  # a reference policy some way off
+    b["old_per_token_logps"], b["ref_per_token_logps"] = old, ref
+    beta = 0.3
+    trainer.loss_type, trainer.beta = loss_type, beta
+    trainer.args.use_bias_correction_kl = bias_correction
+    try:
+        trainer.model.zero_grad()
+        loss_trl = trainer._compute_loss(trainer.model, b)
+        loss_trl.backward()
+        grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        trainer.model.zero_grad()
+        kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
+                  max_completion_length=trainer.max_completion_length)
+        ours = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
+                                 beta=beta, logp_ref=ref, use_bias_correction_kl=bias_correction, **kw)
+        ours.backward()
+        grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        trainer.model.zero_grad()
+        without = clipped_grpo_loss(cur, old, b["advantages"], b["completion_mask"], **kw)
+    finally:
+        trainer.loss_type, trainer.beta = "dapo", 0.0
+        trainer.args.use_bias_correction_kl = True
+        trainer.model.zero_grad()
+    assert abs(float(ours.detach()) - float(without)) > 1e-3, "the KL term should move the loss"
+    torch.testing.assert_close(ours.detach(), loss_trl.detach(), rtol=1e-6, atol=1e-7)
+    assert len(grads_ours) == len(grads_trl) > 0
+    for a, c in zip(grads_ours, grads_trl):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("scale_rewards", SCALE_REWARDS)
+def test_advantages_equal_trl(trainer, scale_rewards):
+    """Each agent's advantages (K = 2 agents, B = 3 prompts, m = 4 completions) equal those TRL's
+    ``GRPOTrainer`` computes from the same rewards with the same ``scale_rewards``: each agent is
+    one GRPO problem whose batch is its own B x m scores."""
+    assert set(SCALE_REWARDS) == {"group", "batch", "none"}  # TRL's three values
+    B, m = 3, 4
+    agent0 = torch.tensor([[0.0, 1, 1, 0], [3, 3, 5, 9], [2, 2, 2, 2]])  # its last group has no spread
+    agent1 = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1], [1, 1, 0, 1]])
+    scores = torch.stack([agent0, agent1], -1)  # (B, m, K)
+    ours = group_advantages(scores.double(), scale_rewards, batch_axis=0)
+    questions = ["What is 2+3?", "Add 4 and 5.", "Hi"]
+    inputs = [{"prompt": q} for q in questions for _ in range(m)]  # TRL's layout: each prompt m times
+    trainer.model.train()
+    trainer.scale_rewards = scale_rewards
+    try:
+        for k in range(2):
+            REWARDS[:] = scores[..., k].reshape(-1).tolist()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = trainer._generate_and_score_completions(inputs)
+            trl = out["advantages"].reshape(B, m).double()
+            torch.testing.assert_close(ours[..., k], trl, rtol=1e-6, atol=1e-6)
+    finally:
+        REWARDS.clear()
+        trainer.scale_rewards = "group"
+    if scale_rewards == "batch":  # the check can fail: the batch's std is not the group's
+        assert not torch.allclose(ours, group_advantages(scores.double(), "group"), atol=1e-3)
