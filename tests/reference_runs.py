@@ -58,15 +58,28 @@ def hashed_reward(text, gold, truncated=False):
     return float(zlib.crc32(text.encode()) % 2)
 
 
+def weight_files(run: Path) -> dict[str, Path]:
+    """Every final weight file of a run directory, by the name the fixture gives it: each agent's
+    adapter as ``<name>.safetensors`` (peft's ``adapters/<name>/adapter_model.safetensors``, or the
+    bare ``adapters/<name>.safetensors`` of runs recorded before it), and ``router.safetensors``."""
+    files = {}
+    for f in sorted((run / "adapters").iterdir()):
+        if f.is_dir():
+            files[f"{f.name}.safetensors"] = f / "adapter_model.safetensors"
+        elif f.suffix == ".safetensors":
+            files[f.name] = f
+    files["router.safetensors"] = run / "router.safetensors"
+    return files
+
+
 def weight_digests(run: Path) -> dict[str, str]:
     """SHA-256 of every final adapter and router tensor of a run directory."""
     from safetensors.torch import load_file
 
-    files = sorted((run / "adapters").iterdir()) + [run / "router.safetensors"]
     out = {}
-    for f in files:
+    for name, f in weight_files(run).items():
         for k, t in sorted(load_file(str(f)).items()):
-            out[f"{f.name}:{k}"] = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+            out[f"{name}:{k}"] = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
     return out
 
 

@@ -578,23 +578,45 @@ class AgentPool:
             raise ValueError(f"adapter {name!r}: state lacks {len(missing)} tensors, e.g. {missing[0]}")
 
     def save_adapters(self, folder: str | Path) -> None:
-        """Save every adapter as ``<folder>/<name>.safetensors``."""
-        from safetensors.torch import save_file
-
+        """Save every agent in PEFT's own format (``PeftModel.save_pretrained``): agent ``name`` in
+        ``<folder>/<name>/`` as ``adapter_config.json`` and ``adapter_model.safetensors``, which
+        ``peft.PeftModel.from_pretrained(base_model, folder / name)`` loads as a model of its own.
+        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``)."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in self.names:
-            save_file(self.adapter_state(name), str(folder / f"{name}.safetensors"))
+        with warnings.catch_warnings():
+            # as in adapter_state: peft looks for the base model's config.json (absent for a GGUF base)
+            warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)
+            for name in self.names:
+                # peft writes an adapter named "default" into the folder it is given, any other into
+                # a subfolder of its name: either way agent `name` lands in <folder>/<name>
+                target = folder / name if name == "default" else folder
+                self.model.save_pretrained(str(target), selected_adapters=[name])
 
     def load_adapters(self, folder: str | Path) -> None:
-        """Load every adapter saved by :meth:`save_adapters`."""
+        """Load every agent saved by :meth:`save_adapters` (``<folder>/<name>/``, peft's format), or
+        saved in the layout of runs recorded before it: ``<folder>/<name>.safetensors``, the same
+        tensors without ``adapter_config.json``. An adapter saved with another LoRA rank or scaling
+        than this pool's is refused."""
+        from peft import PeftConfig
+        from peft.utils import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME, load_peft_weights
         from safetensors.torch import load_file
 
+        folder = Path(folder)
         for name in self.names:
-            path = Path(folder) / f"{name}.safetensors"
-            if not path.is_file():
-                raise ValueError(f"folder {folder!s} has no adapter file {path.name}")
-            self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
+            peft_dir, bare = folder / name, folder / f"{name}.safetensors"
+            if (peft_dir / SAFETENSORS_WEIGHTS_NAME).is_file():
+                saved, ours = PeftConfig.from_pretrained(str(peft_dir)), self.model.peft_config[name]
+                for key in ("r", "lora_alpha"):
+                    if getattr(saved, key) != getattr(ours, key):
+                        raise ValueError(f"adapter {name!r} in {peft_dir / CONFIG_NAME} has {key} "
+                                         f"{getattr(saved, key)}, this pool {getattr(ours, key)}")
+                state = load_peft_weights(str(peft_dir), device=str(self.device))
+            elif bare.is_file():
+                state = load_file(str(bare), device=str(self.device))
+            else:
+                raise ValueError(f"folder {folder!s} has no adapter {name!r} "
+                                 f"({name}/{SAFETENSORS_WEIGHTS_NAME} or {bare.name})")
+            self.load_adapter_state(name, state)
 
 
 def _cache_state(cache):

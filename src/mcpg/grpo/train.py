@@ -45,7 +45,7 @@ Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`
                          with an exact budget also exact_z, exact_p: evaluated, its probability;
                          under allocation "leverage" also exact_a: each completion's leverage)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
-    adapters/<agent>.safetensors, router.safetensors    the final weights
+    adapters/<agent>/, router.safetensors    the final weights (each agent in peft's format)
     checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
 
 Logged metrics (``metrics.jsonl``, one row per update; per-agent lists are in the config's
