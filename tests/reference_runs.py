@@ -99,7 +99,9 @@ def run_case(name: str, out: Path) -> Path:
 
 
 def read_case(run: Path) -> dict:
-    """Every recorded value of a case, ``seconds`` (wall time) removed."""
+    """Every recorded value of a case, ``seconds`` (wall time) removed; ``config.json``'s config
+    as :func:`mcpg.grpo.configs.saved_config` reads it (so a config key added after the recording,
+    such as ``beta``, compares at the value that reproduces the recorded run)."""
     got = {}
     for f in FILES + ("weights.json",):
         p = run / f
@@ -112,6 +114,11 @@ def read_case(run: Path) -> dict:
             got[f] = rows
         else:
             got[f] = json.loads(p.read_text())
+    if got["config.json"] is not None:  # the config as the engine reads it back: a key added since
+        from mcpg.grpo.configs import saved_config  # the recording takes the value that reproduces it
+
+        saved = got["config.json"]
+        got["config.json"] = {**saved, "config": saved_config(saved["config"]).to_dict()}
     return got
 
 

@@ -41,6 +41,7 @@ every agent).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
 import warnings
@@ -496,6 +497,13 @@ class AgentPool:
             else:
                 out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
         return torch.cat(out).reshape(N, T)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Rollout) -> torch.Tensor:
+        """Log-probabilities (N, T) of each row's completion under the reference policy of the KL
+        term (config key ``beta``): the frozen base model, at the row's temperature, as TRL takes
+        the base model with the adapter disabled as the reference of a PEFT model."""
+        return self.token_logprobs(dataclasses.replace(batch, adapters=[BASE] * len(batch)))
 
     def _shared_prompt_hidden(self, decoder, batch, pair_adapters, row_map, first, input_ids, attention,
                               position_ids):

@@ -235,6 +235,8 @@ class Engine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"config {cfg['name']!r} needs a CUDA GPU (device='cuda'); none is available")
         self.dist = dist or Dist(device)
+        if cfg["scale_rewards"] == "batch" and self.dist.world > 1:  # each process would see its own batch
+            raise ValueError("config key 'scale_rewards': 'batch' needs one process (not data parallel)")
         seed = cfg["seed"]
         torch.manual_seed(seed + 100_003 * self.dist.rank)
         random.seed(seed + self.dist.rank)
@@ -508,6 +510,8 @@ class Engine:
         if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
             with torch.no_grad():
                 old = [self._logprobs(roll, rows).detach() for rows in batches]
+        # beta: the KL term's reference policy, the frozen base model (AgentPool.reference_logprobs)
+        ref = [self.pool.reference_logprobs(roll.rows(rows)) for rows in batches] if cfg["beta"] else None
         clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
         agent_loss = [0.0] * K
         for _epoch in range(cfg["num_iterations"]):
@@ -517,7 +521,8 @@ class Engine:
                 logp = self._logprobs(roll, rows)
                 logp_old = logp.detach() if old is None else old[b]
                 total = self._micro_batch_loss(logp, logp_old, adv_rows[rows], trained[rows],
-                                               agent_of_row[rows], norm, agent_loss, clipped)
+                                               agent_of_row[rows], norm, agent_loss, clipped,
+                                               None if ref is None else ref[b])
                 total.backward()
             self._optimizer_step()
         losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
@@ -540,7 +545,7 @@ class Engine:
                 "by_tokens": self.cfg["loss_type"] in ("dapo", "bnpo")}
 
     def _micro_batch_loss(self, logp, logp_old, adv, trained, agents, norm: dict, agent_loss: list[float],
-                          clipped: torch.Tensor) -> torch.Tensor:
+                          clipped: torch.Tensor, logp_ref: torch.Tensor | None = None) -> torch.Tensor:
         """The micro-batch's share of each agent's clipped GRPO loss (rescaled to the agent's
         global normaliser), summed over agents; adds each agent's share to ``agent_loss`` and the
         clipped and all tokens to ``clipped``."""
@@ -561,7 +566,8 @@ class Engine:
             mk = mask[sel]
             lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk,
                                    clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
-                                   loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"])
+                                   loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"],
+                                   beta=cfg["beta"], logp_ref=None if logp_ref is None else logp_ref[sel])
             share = ((mk.sum().clamp(min=1.0) / norm["tokens"][k].clamp(min=1.0)) if norm["by_tokens"]
                      else (sel.numel() / norm["seqs"][k]))
             lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
