@@ -85,9 +85,10 @@ def test_clipped_loss_equals_trl(trainer, loss_type):
         loss_trl.backward()
         grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
         trainer.model.zero_grad()
-        ours = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
-                                 clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high,
-                                 loss_type=loss_type, max_completion_length=trainer.max_completion_length)
+        kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
+                  max_completion_length=trainer.max_completion_length)
+        ours, stats = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
+                                        return_stats=True, **kw)
         ours.backward()
         grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
     finally:
@@ -96,6 +97,17 @@ def test_clipped_loss_equals_trl(trainer, loss_type):
     ratio = torch.exp(ref - old)[b["completion_mask"].bool()]
     assert ((ratio < 0.8) | (ratio > 1.2)).any(), "the batch should exercise clipping"
     torch.testing.assert_close(ours.detach(), loss_trl.detach(), rtol=1e-6, atol=1e-7)
+    # the statistics beside the loss: TRL's logged clip ratios of this very call
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("clip_ratio/")}
+    means = stats.means()
+    assert means["clip_ratio/low_mean"] > 0 and means["clip_ratio/high_mean"] > 0  # both sides clip
+    for k in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        assert means[k] == pytest.approx(logged[k], abs=1e-7), k
+    # CleanRL's approx_kl: the mean of (r - 1) - log r over the counted tokens
+    m = b["completion_mask"].bool()
+    lr = (ref - old)[m].double()
+    assert means["approx_kl"] == pytest.approx(float((lr.exp() - 1 - lr).mean()), rel=1e-5)
+    assert int(stats.tokens) == int(m.sum()) and means["kl"] == 0.0
     assert len(grads_ours) == len(grads_trl) > 0
     for a, c in zip(grads_ours, grads_trl):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
@@ -159,8 +171,9 @@ def test_kl_term_equals_trl(trainer, loss_type, bias_correction):
         trainer.model.zero_grad()
         kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
                   max_completion_length=trainer.max_completion_length)
-        ours = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
-                                 beta=beta, logp_ref=ref, use_bias_correction_kl=bias_correction, **kw)
+        ours, stats = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
+                                        beta=beta, logp_ref=ref, use_bias_correction_kl=bias_correction,
+                                        return_stats=True, **kw)
         ours.backward()
         grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
         trainer.model.zero_grad()
@@ -171,6 +184,7 @@ def test_kl_term_equals_trl(trainer, loss_type, bias_correction):
         trainer.model.zero_grad()
     assert abs(float(ours.detach()) - float(without)) > 1e-3, "the KL term should move the loss"
     torch.testing.assert_close(ours.detach(), loss_trl.detach(), rtol=1e-6, atol=1e-7)
+    assert stats.means()["kl"] == pytest.approx(trainer._metrics["train"]["kl"][-1], rel=1e-5)  # TRL's "kl"
     assert len(grads_ours) == len(grads_trl) > 0
     for a, c in zip(grads_ours, grads_trl):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)

@@ -66,6 +66,7 @@ __all__ = [
     "zero_std_groups",
     "RoutedCredit",
     "route_and_credit",
+    "LossStats",
     "clipped_grpo_loss",
 ]
 
@@ -461,6 +462,40 @@ def route_and_credit(
                         zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0), exact=exact)
 
 
+@dataclass(frozen=True)
+class LossStats:
+    """What :func:`clipped_grpo_loss` measures beside the loss (``return_stats=True``), as sums over
+    the counted tokens (``mask``), so that micro-batches and processes add up exactly.
+
+    Attributes:
+        tokens: the counted tokens.
+        low_clipped: tokens whose ratio lies below ``1 - eps_low`` with a negative advantage
+            (TRL's ``is_low_clipped``; the clip removes their gradient).
+        high_clipped: tokens whose ratio lies above ``1 + eps_high`` with a positive advantage
+            (TRL's ``is_high_clipped``).
+        approx_kl: the sum of ``(r_t - 1) - log r_t``, the k3 estimate of KL(old || new) that
+            CleanRL logs as ``approx_kl`` (0 on-policy).
+        kl: the sum of the KL term as it enters the loss (before ``beta``), TRL's ``kl`` metric;
+            0 when ``beta`` is 0.
+
+    :meth:`means` gives TRL's logged names (``clip_ratio/low_mean``, ...) as means over the tokens.
+    """
+
+    tokens: torch.Tensor
+    low_clipped: torch.Tensor
+    high_clipped: torch.Tensor
+    approx_kl: torch.Tensor
+    kl: torch.Tensor
+
+    def means(self) -> dict[str, float]:
+        """Means over the counted tokens, under TRL's metric names (and CleanRL's ``approx_kl``)."""
+        n = float(self.tokens.clamp(min=1.0))
+        low, high = float(self.low_clipped) / n, float(self.high_clipped) / n
+        return {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high,
+                "clip_ratio/region_mean": low + high, "approx_kl": float(self.approx_kl) / n,
+                "kl": float(self.kl) / n}
+
+
 def clipped_grpo_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
@@ -473,7 +508,8 @@ def clipped_grpo_loss(
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
-) -> torch.Tensor:
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, LossStats]:
     """Token-level PPO-clip GRPO loss, as TRL's ``GRPOTrainer`` computes it.
 
     With ratio ``r_t = exp(logp_new_t - logp_old_t)`` and one advantage ``A`` per completion,
@@ -502,9 +538,12 @@ def clipped_grpo_loss(
         logp_ref: reference-policy log-probabilities, (N, T), needed when ``beta != 0``.
         use_bias_correction_kl: TRL's key of that name (default True): weight the KL term by
             the probability ratio.
+        return_stats: also return the :class:`LossStats` of the batch (clipped tokens low and
+            high, approximate KL), computed from the same ratios as the loss.
 
     Returns:
-        a scalar tensor; its gradient flows through ``logp_new`` only.
+        a scalar tensor; its gradient flows through ``logp_new`` only. With ``return_stats``,
+        ``(loss, LossStats)``.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -532,6 +571,7 @@ def clipped_grpo_loss(
     coef_1 = torch.exp(logp_new - logp_old.detach())
     coef_2 = torch.clamp(coef_1, 1 - clip_eps, 1 + eps_high)
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    kl = None
     if beta != 0.0:
         if logp_ref is None:
             raise ValueError("logp_ref is required when beta != 0")
@@ -544,8 +584,20 @@ def clipped_grpo_loss(
         per_token_loss = per_token_loss + beta * kl
 
     if loss_type in ("dapo", "bnpo"):
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    T = logp_new.shape[1] if max_completion_length is None else int(max_completion_length)
-    return (per_token_loss * mask).sum() / (per_token_loss.size(0) * T)
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    else:
+        T = logp_new.shape[1] if max_completion_length is None else int(max_completion_length)
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * T)
+    if not return_stats:
+        return loss
+    with torch.no_grad():
+        ratio, m = coef_1.detach(), mask.double()
+        low = (ratio < 1 - clip_eps) & (adv < 0)
+        high = (ratio > 1 + eps_high) & (adv > 0)
+        log_ratio = logp_new.detach() - logp_old.detach()
+        stats = LossStats(tokens=m.sum(), low_clipped=(low * m).sum(), high_clipped=(high * m).sum(),
+                          approx_kl=((torch.expm1(log_ratio) - log_ratio) * m).sum(),
+                          kl=(kl.detach() * m).sum() if kl is not None else m.new_zeros(()))
+    return loss, stats

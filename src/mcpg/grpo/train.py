@@ -550,24 +550,19 @@ class Engine:
         global normaliser), summed over agents; adds each agent's share to ``agent_loss`` and the
         clipped and all tokens to ``clipped``."""
         cfg = self.cfg
-        eps_low = cfg["clip_eps"]
-        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
         mask = trained.to(logp.device)
-        with torch.no_grad():
-            ratio = torch.exp(logp.detach() - logp_old)
-            a_tok = adv.to(logp.device)[:, None]
-            region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
-            clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
         total = logp.new_zeros(())
         for k in range(self.K):
             sel = (agents == k).nonzero().squeeze(1).to(logp.device)
             if sel.numel() == 0:
                 continue
             mk = mask[sel]
-            lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk,
-                                   clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
-                                   loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"],
-                                   beta=cfg["beta"], logp_ref=None if logp_ref is None else logp_ref[sel])
+            lk, stats = clipped_grpo_loss(
+                logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk, clip_eps=cfg["clip_eps"],
+                clip_eps_high=cfg["clip_eps_high"], loss_type=cfg["loss_type"],
+                max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"],
+                logp_ref=None if logp_ref is None else logp_ref[sel], return_stats=True)
+            clipped += torch.stack([stats.low_clipped + stats.high_clipped, stats.tokens]).cpu()
             share = ((mk.sum().clamp(min=1.0) / norm["tokens"][k].clamp(min=1.0)) if norm["by_tokens"]
                      else (sel.numel() / norm["seqs"][k]))
             lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
