@@ -99,9 +99,12 @@ def run_case(name: str, out: Path) -> Path:
 
 
 def read_case(run: Path) -> dict:
-    """Every recorded value of a case, ``seconds`` (wall time) removed; ``config.json``'s config
-    as :func:`mcpg.grpo.configs.saved_config` reads it (so a config key added after the recording,
+    """Every recorded value of a case, ``seconds`` (wall time) and the per-agent diagnostics added
+    after the recording (:data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`) removed; ``config.json``'s
+    config as :func:`mcpg.grpo.configs.saved_config` reads it (so a config key added after the recording,
     such as ``beta``, compares at the value that reproduces the recorded run)."""
+    from mcpg.grpo.rundir import AGENT_DIAGNOSTICS
+
     got = {}
     for f in FILES + ("weights.json",):
         p = run / f
@@ -111,6 +114,8 @@ def read_case(run: Path) -> dict:
             rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
             for r in rows:
                 r.pop("seconds", None)
+                for k in AGENT_DIAGNOSTICS:  # logged since issue 60, after the recording
+                    r.pop(k, None)
             got[f] = rows
         else:
             got[f] = json.loads(p.read_text())

@@ -121,7 +121,8 @@ def test_trl_default_loss_type_is_what_we_default_to(trainer):
 
 
 def test_agent_logprobs_equal_trl(trainer):
-    """One agent's token log-probabilities (sampling temperature included) equal TRL's."""
+    """One agent's token log-probabilities and its policy's entropies (sampling temperature
+    included) equal TRL's."""
     b = _batch(seed=2)
     base = trainer.model
     tok = trainer.processing_class
@@ -132,11 +133,18 @@ def test_agent_logprobs_equal_trl(trainer):
                        ["alpha"] * n, torch.full((n,), TEMPERATURE))
         with torch.no_grad():
             ours = pool.token_logprobs(roll)
+            ours_again, entropy = pool.token_logprobs(roll, with_entropy=True)
             pool.model.eval()
             with pool.model.disable_adapter():  # LoRA B = 0 at init anyway; compare against the bare base
                 ref = _trl_logps(trainer, b)
+                ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+                mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+                _, ref_entropy, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, ids, mask, b["completion_ids"].shape[1], compute_entropy=True)
         m = b["completion_mask"].bool()
         torch.testing.assert_close(ours[m], ref[m], rtol=1e-5, atol=1e-5)
+        assert torch.equal(ours_again, ours)  # asking for the entropy leaves the log-probabilities alone
+        torch.testing.assert_close(entropy[m], ref_entropy[m], rtol=1e-5, atol=1e-5)  # TRL's entropies
     finally:
         pool.model.unload()  # take the adapters off the shared module-scoped model
         for p in base.parameters():  # and give it back trainable, as the pool found it

@@ -441,7 +441,7 @@ class AgentPool:
             return None
         return decoder, head
 
-    def token_logprobs(self, batch: Rollout) -> torch.Tensor:
+    def token_logprobs(self, batch: Rollout, with_entropy: bool = False):
         """Log-probabilities (N, T) of each row's completion tokens under its own adapter.
 
         One mixed-adapter forward pass; logits are divided by the row's sampling temperature
@@ -449,7 +449,9 @@ class AgentPool:
         of the distribution that sampled the tokens. Differentiable in the adapters.
         The output head and log-softmax run on chunks of ``logprob_chunk`` tokens (each
         recomputed in the backward pass), so at most one chunk's full-vocabulary logits is
-        held at a time.
+        held at a time. ``with_entropy``: also return the entropy (N, T) of each position's
+        distribution (TRL's ``entropies``; no gradient), from the same logits:
+        ``(logprobs, entropies)``.
         """
         dev = self.device
         prompt_ids, completion_ids = batch.prompt_ids.to(dev), batch.completion_ids.to(dev)
@@ -475,7 +477,8 @@ class AgentPool:
                                          position_ids=position_ids,
                                          logits_to_keep=T + 1, use_cache=False, **extra)
                         logits = out.logits[:, :-1, :].float() / temps.reshape(-1, 1, 1)
-                        return selective_logprobs(logits, completion_ids)
+                        lp = selective_logprobs(logits, completion_ids)
+                        return (lp, _entropy(logits)) if with_entropy else lp
                     decoder, head = parts
                     out = decoder(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
                                   position_ids=position_ids[:, :-1], use_cache=False, **extra)
@@ -493,9 +496,12 @@ class AgentPool:
                 from torch.utils.checkpoint import checkpoint
 
                 out.append(checkpoint(_head_logprobs, hidden[sl], tokens[sl], row_temps[sl], head,
-                                      use_reentrant=False))
+                                      with_entropy, use_reentrant=False))
             else:
-                out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
+                out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head, with_entropy))
+        if with_entropy:
+            return (torch.cat([lp for lp, _ in out]).reshape(N, T),
+                    torch.cat([h for _, h in out]).reshape(N, T))
         return torch.cat(out).reshape(N, T)
 
     @torch.no_grad()
@@ -656,10 +662,20 @@ def _groups(keys: list, device) -> tuple[list, torch.Tensor, torch.Tensor]:
             torch.tensor(list(first.values()), dtype=torch.long, device=device))
 
 
-def _head_logprobs(hidden, tokens, temps, head):
-    """Temperature-scaled log-probabilities of ``tokens`` from hidden states through the head."""
+def _head_logprobs(hidden, tokens, temps, head, with_entropy: bool = False):
+    """Temperature-scaled log-probabilities of ``tokens`` from hidden states through the head
+    (and, ``with_entropy``, each position's entropy: ``(logprobs, entropies)``)."""
     logits = head(hidden).float() / temps[:, None]
-    return selective_logprobs(logits, tokens)
+    lp = selective_logprobs(logits, tokens)
+    return (lp, _entropy(logits)) if with_entropy else lp
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy (nats) of ``softmax(logits)`` on the last axis, without gradient (TRL's
+    ``entropy_from_logits``)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
 
 
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
