@@ -74,6 +74,18 @@ def test_each_diagnostic_is_namespaced_and_has_its_meaning():
     assert not set(rundir.AGENT_DIAGNOSTICS) & set(rundir.METRICS_KEYS)
 
 
+def test_every_metric_has_its_meaning_in_the_engines_table():
+    """mcpg.grpo.train's table of logged metrics names every key of METRICS_KEYS and nothing else
+    but ``eval`` and the ``agent/`` diagnostics (whose meanings AGENT_DIAGNOSTICS holds)."""
+    import re
+
+    import mcpg.grpo.train as train
+
+    table = train.__doc__.split("Logged metrics")[1].split("Evaluation (")[0]
+    documented = set(re.findall(r"^``([\w/.]+)``", table, re.M))
+    assert documented == set(rundir.METRICS_KEYS) | {"eval", "agent/..."}
+
+
 def test_the_recorded_reference_runs_hold_the_declared_keys():
     """The runs recorded before the refactor (tests/fixtures/reference) log the same keys (and
     none of the per-agent diagnostics, which came later)."""
