@@ -152,6 +152,7 @@ def test_routed_pool_answers_as_the_evaluation_deployed(run, routed):
     assert one.agent == got[0].agent and one.candidates == got[0].candidates
     assert routed.answers(questions[0]) == got[0].candidates
     assert routed.answers(questions[:2]) == [g.candidates for g in got[:2]]
+    assert routed.answer([]) == [] and routed.answers([]) == []
 
 
 def test_routed_pool_reads_a_checkpoint_and_refuses_a_folder_without_weights(run, tmp_path):

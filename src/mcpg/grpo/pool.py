@@ -123,6 +123,8 @@ class RoutedPool:
         import torch
 
         agents, K = self.pool.agents, len(self.pool.agents)
+        if not questions:
+            return [], []
         prompts = [self.pool.prompt(q, a) for q in questions for a in agents]
         with torch.no_grad():
             roll = self.pool.generate(prompts, [a.name for _ in questions for a in agents],
