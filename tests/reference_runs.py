@@ -58,15 +58,28 @@ def hashed_reward(text, gold, truncated=False):
     return float(zlib.crc32(text.encode()) % 2)
 
 
+def weight_files(run: Path) -> dict[str, Path]:
+    """Every final weight file of a run directory, by the name the fixture gives it: each agent's
+    adapter as ``<name>.safetensors`` (peft's ``adapters/<name>/adapter_model.safetensors``, or the
+    bare ``adapters/<name>.safetensors`` of runs recorded before it), and ``router.safetensors``."""
+    files = {}
+    for f in sorted((run / "adapters").iterdir()):
+        if f.is_dir():
+            files[f"{f.name}.safetensors"] = f / "adapter_model.safetensors"
+        elif f.suffix == ".safetensors":
+            files[f.name] = f
+    files["router.safetensors"] = run / "router.safetensors"
+    return files
+
+
 def weight_digests(run: Path) -> dict[str, str]:
     """SHA-256 of every final adapter and router tensor of a run directory."""
     from safetensors.torch import load_file
 
-    files = sorted((run / "adapters").iterdir()) + [run / "router.safetensors"]
     out = {}
-    for f in files:
+    for name, f in weight_files(run).items():
         for k, t in sorted(load_file(str(f)).items()):
-            out[f"{f.name}:{k}"] = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+            out[f"{name}:{k}"] = hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
     return out
 
 
@@ -86,7 +99,12 @@ def run_case(name: str, out: Path) -> Path:
 
 
 def read_case(run: Path) -> dict:
-    """Every recorded value of a case, ``seconds`` (wall time) removed."""
+    """Every recorded value of a case, ``seconds`` (wall time) and the per-agent diagnostics added
+    after the recording (:data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`) removed; ``config.json``'s
+    config as :func:`mcpg.grpo.configs.saved_config` reads it (so a config key added after the recording,
+    such as ``beta``, compares at the value that reproduces the recorded run)."""
+    from mcpg.grpo.rundir import AGENT_DIAGNOSTICS
+
     got = {}
     for f in FILES + ("weights.json",):
         p = run / f
@@ -96,9 +114,16 @@ def read_case(run: Path) -> dict:
             rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
             for r in rows:
                 r.pop("seconds", None)
+                for k in AGENT_DIAGNOSTICS:  # logged since issue 60, after the recording
+                    r.pop(k, None)
             got[f] = rows
         else:
             got[f] = json.loads(p.read_text())
+    if got["config.json"] is not None:  # the config as the engine reads it back: a key added since
+        from mcpg.grpo.configs import saved_config  # the recording takes the value that reproduces it
+
+        saved = got["config.json"]
+        got["config.json"] = {**saved, "config": saved_config(saved["config"]).to_dict()}
     return got
 
 

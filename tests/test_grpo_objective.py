@@ -220,7 +220,7 @@ def test_slate_layout_round_trip():
 def test_public_names_and_trl_constants():
     assert SIGNALS == ("wta", "removal", "oracle")
     assert "dapo" in LOSS_TYPES
-    assert SCALE_REWARDS == ("group", "none")
+    assert SCALE_REWARDS == ("group", "batch", "none")  # TRL's three values
     assert ADVANTAGE_EPS == 1e-4  # TRL's GRPOTrainer adds 1e-4 to the group std
 
 
@@ -242,6 +242,36 @@ def test_group_advantages_none_is_centred_and_keeps_scale():
         group_advantages(x, "batchwise")
     with pytest.raises(ValueError, match="at least 2"):
         group_advantages(np.ones((1, 2)), "none")
+
+
+def test_group_advantages_batch_centres_per_group_and_divides_by_each_agents_batch_std():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 4, 2)) * np.array([1.0, 10.0])  # (B=3, m=4, K=2), agents of two scales
+    x[1, :, 0] = 7.0  # a group with no spread: advantages 0, as with "group"
+    a = group_advantages(x, "batch", batch_axis=0)
+    for k in range(2):
+        std = x[..., k].reshape(-1).std(ddof=1)  # one agent's 12 scores, unbiased (TRL's nanstd)
+        want = (x[..., k] - x[..., k].mean(axis=1, keepdims=True)) / (std + 1e-4)
+        np.testing.assert_allclose(a[..., k], want, rtol=1e-12)
+    np.testing.assert_array_equal(a[1, :, 0], 0.0)
+    assert a.sum(axis=1) == pytest.approx(np.zeros((3, 2)), abs=1e-9)  # centred in every group
+    # one std for the whole batch: not the group's (which "group" uses)
+    assert not np.allclose(a, group_advantages(x, "group"))
+    # a common scale of every score leaves it unchanged (up to eps), as "group" does
+    np.testing.assert_allclose(group_advantages(5 * x, "batch", eps=0.0, batch_axis=0),
+                               group_advantages(x, "batch", eps=0.0, batch_axis=0))
+    t = group_advantages(torch.tensor(x), "batch", batch_axis=0)
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_allclose(t.numpy(), a)
+    # the leverage of a score under "batch" is 1 / (the agent's batch std + eps)
+    lev = credit_leverage(x, "batch", batch_axis=0)
+    np.testing.assert_allclose(lev[0, 0], 1.0 / (x.reshape(-1, 2).std(axis=0, ddof=1) + 1e-4))
+    with pytest.raises(ValueError, match="batch_axis"):
+        group_advantages(x, "batch")  # which axis holds the prompts must be said
+    with pytest.raises(ValueError, match="batch_axis"):
+        group_advantages(x, "batch", batch_axis=5)
+    with pytest.raises(ValueError, match="agents"):
+        group_advantages(x, "batch", batch_axis=-1)
 
 
 def test_zero_std_groups():
@@ -274,6 +304,9 @@ def test_route_and_credit_matches_the_steps_by_hand(signal, scale):
     np.testing.assert_allclose(out.scores, sc)
     if scale == "group":
         np.testing.assert_allclose(out.advantages, group_standardize(sc, eps=1e-4, axis=1))
+    elif scale == "batch":  # the batch of B prompts x m slates, per agent
+        std = sc.reshape(-1, sc.shape[-1]).std(axis=0, ddof=1)
+        np.testing.assert_allclose(out.advantages, (sc - sc.mean(axis=1, keepdims=True)) / (std + 1e-4))
     else:
         np.testing.assert_allclose(out.advantages, sc - sc.mean(axis=1, keepdims=True))
     np.testing.assert_allclose(out.zero_std_fraction, (sc.std(axis=1, ddof=1) < 1e-8).mean(axis=0))

@@ -23,6 +23,7 @@ import torch
 from mcpg.grpo.agents import AgentPool, AgentSpec, Rollout
 from mcpg.grpo.configs import resolve_config
 from mcpg.grpo.objective import LOSS_TYPES
+from mcpg.grpo.rundir import AGENT_DIAGNOSTICS
 from mcpg.grpo.train import Engine
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -246,8 +247,12 @@ def _assert_same_update(a: dict, b: dict) -> float:
     assert torch.equal(a["roll"].completion_ids, b["roll"].completion_ids)
     ra, rb = dict(a["row"]), dict(b["row"])
     la, lb = ra.pop("loss"), rb.pop("loss")
+    # the actor's diagnostics are floats of the scoring pass too (gradient norms: as the gradients)
+    da, db = ({k: r.pop(k) for k in AGENT_DIAGNOSTICS} for r in (ra, rb))
     assert ra == rb
     assert la == pytest.approx(lb, rel=1e-5, abs=1e-8)
+    for k in AGENT_DIAGNOSTICS:
+        assert da[k] == pytest.approx(db[k], rel=1e-4, abs=1e-8), k
     assert len(a["grads"]) == len(b["grads"]) >= 1
     worst = 0.0
     for ga, gb in zip(a["grads"], b["grads"]):

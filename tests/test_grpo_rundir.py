@@ -49,8 +49,8 @@ def test_every_logged_metric_is_declared(run):
     rows = _rows(run / rundir.METRICS)
     assert "eval" in rows[0]
     for r in rows:
-        assert set(r) - {"eval"} == set(rundir.METRICS_KEYS)
-        assert all(len(r[k]) == 3 for k in rundir.PER_AGENT_METRICS)
+        assert set(r) - {"eval"} == set(rundir.METRICS_KEYS) | set(rundir.AGENT_DIAGNOSTICS)
+        assert all(len(r[k]) == 3 for k in rundir.PER_AGENT_METRICS + tuple(rundir.AGENT_DIAGNOSTICS))
         assert not any(isinstance(r[k], (list, dict)) for k in rundir.SCALAR_METRICS)
     assert set(rows[0]["eval"]) == set(rundir.EVAL_FILE_KEYS)
     for s in _rows(run / rundir.SLATES):
@@ -69,8 +69,26 @@ def test_health_keeps_every_declared_metric(run):
     assert set(h["metric"]) == set(rundir.PER_AGENT_METRICS) | set(rundir.SCALAR_METRICS)
 
 
+def test_each_diagnostic_is_namespaced_and_has_its_meaning():
+    assert all(k.startswith("agent/") and len(v) > 20 for k, v in rundir.AGENT_DIAGNOSTICS.items())
+    assert not set(rundir.AGENT_DIAGNOSTICS) & set(rundir.METRICS_KEYS)
+
+
+def test_every_metric_has_its_meaning_in_the_engines_table():
+    """mcpg.grpo.train's table of logged metrics names every key of METRICS_KEYS and nothing else
+    but ``eval`` and the ``agent/`` diagnostics (whose meanings AGENT_DIAGNOSTICS holds)."""
+    import re
+
+    import mcpg.grpo.train as train
+
+    table = train.__doc__.split("Logged metrics")[1].split("Evaluation (")[0]
+    documented = set(re.findall(r"^``([\w/.]+)``", table, re.M))
+    assert documented == set(rundir.METRICS_KEYS) | {"eval", "agent/..."}
+
+
 def test_the_recorded_reference_runs_hold_the_declared_keys():
-    """The runs recorded before the refactor (tests/fixtures/reference) log the same keys."""
+    """The runs recorded before the refactor (tests/fixtures/reference) log the same keys (and
+    none of the per-agent diagnostics, which came later)."""
     for case in sorted(d for d in (FIXTURE / "reference").iterdir() if d.is_dir()):
         for r in _rows(case / rundir.METRICS):
             assert set(r) - {"eval"} == set(rundir.METRICS_KEYS), case.name
@@ -117,6 +135,13 @@ def test_metrics_row_reads_the_gathered_log():
     row = rundir.metrics_row(log, 2, update=3, signal="removal", losses=[0.1, 0.2], router_loss=0.6,
                              clip_fraction=0.0, router_slates=6, seconds={"total": 1.0})
     assert list(row) == [k for k in row if k in rundir.METRICS_KEYS] and set(row) == set(rundir.METRICS_KEYS)
+    diag = rundir.metrics_row(log, 2, update=3, signal="removal", losses=[0.1, 0.2], router_loss=0.6,
+                              clip_fraction=0.0, router_slates=6, seconds={"total": 1.0},
+                              diagnostics={"agent/grad_norm": [1.5, 2.0]})
+    assert diag == {**row, "agent/grad_norm": [1.5, 2.0]}
+    with pytest.raises(ValueError, match="AGENT_DIAGNOSTICS"):
+        rundir.metrics_row(log, 2, update=3, signal="removal", losses=[0.1, 0.2], router_loss=0.6,
+                           clip_fraction=0.0, router_slates=6, seconds={}, diagnostics={"grad_norm": [1, 2]})
     assert row["reward"] == 0.5 and row["oracle"] == 0.5 and row["agent_accuracy"] == [0.5, 0.0]
     assert row["selected_fraction"] == [0.5, 0.5] and row["credit_mean"] == [0.5, 0.25]
     assert (row["exact_evaluations"], row["feedback_cost"], row["exact_share"]) == (1, 1, 0.5)

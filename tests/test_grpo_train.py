@@ -16,6 +16,7 @@ from mcpg.grpo.__main__ import main
 from mcpg.grpo.configs import resolve_config
 from mcpg.grpo.train import Engine, train
 from mcpg.stats import EVAL_KEYS
+from reference_runs import weight_files  # tests/reference_runs.py
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -53,8 +54,9 @@ def _train_in_subprocess(launcher: list[str], output: Path, *extra: str) -> subp
 
 
 def _weights(run: Path) -> dict:
-    out = {f"adapters/{p.name}": load_file(str(p)) for p in sorted((run / "adapters").iterdir())}
-    out["router"] = load_file(str(run / "router.safetensors"))
+    files = weight_files(run)  # each agent's adapter (peft's format) and the router
+    out = {f"adapters/{name}": load_file(str(f)) for name, f in files.items() if name != "router.safetensors"}
+    out["router"] = load_file(str(files["router.safetensors"]))
     return out
 
 
@@ -82,9 +84,10 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
         "metrics.jsonl",
         "eval.json",
         "router.safetensors",
-        "adapters/money.safetensors",
-        "adapters/time.safetensors",
-        "adapters/geometry.safetensors",
+        "adapters/money/adapter_model.safetensors",  # each agent in peft's format
+        "adapters/money/adapter_config.json",
+        "adapters/time/adapter_model.safetensors",
+        "adapters/geometry/adapter_model.safetensors",
         "checkpoint/state.json",
         "checkpoint/optimizer.pt",
         "checkpoint/rng_rank0.pt",
@@ -297,7 +300,7 @@ def test_one_agent_control_runs_every_signal_as_plain_grpo(tmp_path):
         for r in _metrics(tmp_path / s)
     ]
     assert strip[:2] == strip[2:4] == strip[4:6]
-    w = [load_file(str(tmp_path / s / "adapters" / "solver.safetensors")) for s in runs]
+    w = [load_file(str(tmp_path / s / "adapters" / "solver" / "adapter_model.safetensors")) for s in runs]
     for k in w[0]:
         torch.testing.assert_close(w[0][k], w[1][k])
         torch.testing.assert_close(w[0][k], w[2][k])

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mcpg.grpo.train import leverage_proxy, train
+from reference_runs import weight_files  # tests/reference_runs.py
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
@@ -46,8 +47,9 @@ def _without(rows, keys):
 
 
 def _weights(run: Path) -> dict:
-    out = {f"adapters/{p.name}": load_file(str(p)) for p in sorted((run / "adapters").iterdir())}
-    out["router"] = load_file(str(run / "router.safetensors"))
+    files = weight_files(run)  # each agent's adapter (peft's format) and the router
+    out = {f"adapters/{name}": load_file(str(f)) for name, f in files.items() if name != "router.safetensors"}
+    out["router"] = load_file(str(files["router.safetensors"]))
     return out
 
 

@@ -17,6 +17,7 @@ Read in this order (each file is one idea):
 - :mod:`mcpg.grpo.router`: features of (question, candidate) and the router/outcome MLP;
 - :mod:`mcpg.grpo.configs`: ``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``;
 - :mod:`mcpg.grpo.train`: the loop, the evaluation, the run directory, ``--resume``;
+- :mod:`mcpg.grpo.pool`: a trained run's pool, routing a question and answering it;
 - ``python -m mcpg.grpo``: the command line.
 
 Command line::
@@ -26,10 +27,13 @@ Command line::
     python -m mcpg.grpo evaluate --run runs/removal
     accelerate launch --num_processes 4 -m mcpg.grpo train --config paper --signal removal --output runs/paper
 
-Importing :mod:`mcpg.grpo` is light: only the objective (numpy, torch) and the GSM8K module
-(standard library) load; transformers and peft load when the LLM modules are imported.
+Importing :mod:`mcpg.grpo` is light: only the objective (numpy, torch), :mod:`mcpg.grpo.pool`
+(numpy until a pool is loaded) and the GSM8K module (standard library) load; transformers and
+peft load when the LLM modules are imported.
 """
 
 from .objective import LOSS_TYPES, SIGNALS, clipped_grpo_loss, credit, group_standardize
+from .pool import RoutedAnswer, RoutedPool
 
-__all__ = ["SIGNALS", "LOSS_TYPES", "credit", "group_standardize", "clipped_grpo_loss"]
+__all__ = ["SIGNALS", "LOSS_TYPES", "credit", "group_standardize", "clipped_grpo_loss", "RoutedPool",
+           "RoutedAnswer"]

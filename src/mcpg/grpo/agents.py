@@ -41,6 +41,7 @@ every agent).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
 import warnings
@@ -440,7 +441,7 @@ class AgentPool:
             return None
         return decoder, head
 
-    def token_logprobs(self, batch: Rollout) -> torch.Tensor:
+    def token_logprobs(self, batch: Rollout, with_entropy: bool = False):
         """Log-probabilities (N, T) of each row's completion tokens under its own adapter.
 
         One mixed-adapter forward pass; logits are divided by the row's sampling temperature
@@ -448,7 +449,9 @@ class AgentPool:
         of the distribution that sampled the tokens. Differentiable in the adapters.
         The output head and log-softmax run on chunks of ``logprob_chunk`` tokens (each
         recomputed in the backward pass), so at most one chunk's full-vocabulary logits is
-        held at a time.
+        held at a time. ``with_entropy``: also return the entropy (N, T) of each position's
+        distribution (TRL's ``entropies``; no gradient), from the same logits:
+        ``(logprobs, entropies)``.
         """
         dev = self.device
         prompt_ids, completion_ids = batch.prompt_ids.to(dev), batch.completion_ids.to(dev)
@@ -474,7 +477,8 @@ class AgentPool:
                                          position_ids=position_ids,
                                          logits_to_keep=T + 1, use_cache=False, **extra)
                         logits = out.logits[:, :-1, :].float() / temps.reshape(-1, 1, 1)
-                        return selective_logprobs(logits, completion_ids)
+                        lp = selective_logprobs(logits, completion_ids)
+                        return (lp, _entropy(logits)) if with_entropy else lp
                     decoder, head = parts
                     out = decoder(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1],
                                   position_ids=position_ids[:, :-1], use_cache=False, **extra)
@@ -492,10 +496,20 @@ class AgentPool:
                 from torch.utils.checkpoint import checkpoint
 
                 out.append(checkpoint(_head_logprobs, hidden[sl], tokens[sl], row_temps[sl], head,
-                                      use_reentrant=False))
+                                      with_entropy, use_reentrant=False))
             else:
-                out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head))
+                out.append(_head_logprobs(hidden[sl], tokens[sl], row_temps[sl], head, with_entropy))
+        if with_entropy:
+            return (torch.cat([lp for lp, _ in out]).reshape(N, T),
+                    torch.cat([h for _, h in out]).reshape(N, T))
         return torch.cat(out).reshape(N, T)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Rollout) -> torch.Tensor:
+        """Log-probabilities (N, T) of each row's completion under the reference policy of the KL
+        term (config key ``beta``): the frozen base model, at the row's temperature, as TRL takes
+        the base model with the adapter disabled as the reference of a PEFT model."""
+        return self.token_logprobs(dataclasses.replace(batch, adapters=[BASE] * len(batch)))
 
     def _shared_prompt_hidden(self, decoder, batch, pair_adapters, row_map, first, input_ids, attention,
                               position_ids):
@@ -578,23 +592,45 @@ class AgentPool:
             raise ValueError(f"adapter {name!r}: state lacks {len(missing)} tensors, e.g. {missing[0]}")
 
     def save_adapters(self, folder: str | Path) -> None:
-        """Save every adapter as ``<folder>/<name>.safetensors``."""
-        from safetensors.torch import save_file
-
+        """Save every agent in PEFT's own format (``PeftModel.save_pretrained``): agent ``name`` in
+        ``<folder>/<name>/`` as ``adapter_config.json`` and ``adapter_model.safetensors``, which
+        ``peft.PeftModel.from_pretrained(base_model, folder / name)`` loads as a model of its own.
+        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``)."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in self.names:
-            save_file(self.adapter_state(name), str(folder / f"{name}.safetensors"))
+        with warnings.catch_warnings():
+            # as in adapter_state: peft looks for the base model's config.json (absent for a GGUF base)
+            warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)
+            for name in self.names:
+                # peft writes an adapter named "default" into the folder it is given, any other into
+                # a subfolder of its name: either way agent `name` lands in <folder>/<name>
+                target = folder / name if name == "default" else folder
+                self.model.save_pretrained(str(target), selected_adapters=[name])
 
     def load_adapters(self, folder: str | Path) -> None:
-        """Load every adapter saved by :meth:`save_adapters`."""
+        """Load every agent saved by :meth:`save_adapters` (``<folder>/<name>/``, peft's format), or
+        saved in the layout of runs recorded before it: ``<folder>/<name>.safetensors``, the same
+        tensors without ``adapter_config.json``. An adapter saved with another LoRA rank or scaling
+        than this pool's is refused."""
+        from peft import PeftConfig
+        from peft.utils import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME, load_peft_weights
         from safetensors.torch import load_file
 
+        folder = Path(folder)
         for name in self.names:
-            path = Path(folder) / f"{name}.safetensors"
-            if not path.is_file():
-                raise ValueError(f"folder {folder!s} has no adapter file {path.name}")
-            self.load_adapter_state(name, load_file(str(path), device=str(self.device)))
+            peft_dir, bare = folder / name, folder / f"{name}.safetensors"
+            if (peft_dir / SAFETENSORS_WEIGHTS_NAME).is_file():
+                saved, ours = PeftConfig.from_pretrained(str(peft_dir)), self.model.peft_config[name]
+                for key in ("r", "lora_alpha"):
+                    if getattr(saved, key) != getattr(ours, key):
+                        raise ValueError(f"adapter {name!r} in {peft_dir / CONFIG_NAME} has {key} "
+                                         f"{getattr(saved, key)}, this pool {getattr(ours, key)}")
+                state = load_peft_weights(str(peft_dir), device=str(self.device))
+            elif bare.is_file():
+                state = load_file(str(bare), device=str(self.device))
+            else:
+                raise ValueError(f"folder {folder!s} has no adapter {name!r} "
+                                 f"({name}/{SAFETENSORS_WEIGHTS_NAME} or {bare.name})")
+            self.load_adapter_state(name, state)
 
 
 def _cache_state(cache):
@@ -626,10 +662,20 @@ def _groups(keys: list, device) -> tuple[list, torch.Tensor, torch.Tensor]:
             torch.tensor(list(first.values()), dtype=torch.long, device=device))
 
 
-def _head_logprobs(hidden, tokens, temps, head):
-    """Temperature-scaled log-probabilities of ``tokens`` from hidden states through the head."""
+def _head_logprobs(hidden, tokens, temps, head, with_entropy: bool = False):
+    """Temperature-scaled log-probabilities of ``tokens`` from hidden states through the head
+    (and, ``with_entropy``, each position's entropy: ``(logprobs, entropies)``)."""
     logits = head(hidden).float() / temps[:, None]
-    return selective_logprobs(logits, tokens)
+    lp = selective_logprobs(logits, tokens)
+    return (lp, _entropy(logits)) if with_entropy else lp
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy (nats) of ``softmax(logits)`` on the last axis, without gradient (TRL's
+    ``entropy_from_logits``)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
 
 
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:

@@ -118,7 +118,11 @@ class GRPOConfig(Mapping):
     advantage_eps: float = 1e-4
     """added to the group standard deviation (TRL's default 1e-4)."""
     scale_rewards: str = "group"
-    """TRL scale_rewards — group (divide by the group's std) | none (centred only)."""
+    """TRL scale_rewards — group (divide by the group's std) | batch (centred in the group, divided
+    by the agent's std over the whole rollout) | none (centred only)."""
+    beta: float = 0.0
+    """TRL beta — the KL coefficient to the frozen base model (TRL's k3 estimator, weighted by the
+    probability ratio as TRL's default use_bias_correction_kl); 0 — no KL term, no reference pass."""
     exact_budget: float = 0.0
     """expected share of slates evaluated exactly (every candidate's reward queried) and
     credited by Eq. (21), signal removal only; 0 — Eq. (19) alone, 1 — the oracle (chapter 9)."""
@@ -295,7 +299,7 @@ def _check(cfg: GRPOConfig) -> None:
     for key in ("learning_rate", "router_lr", "router_tau"):
         if not isinstance(cfg[key], (int, float)) or not cfg[key] > 0:
             raise ValueError(f"config key {key!r} must be a positive number, got {cfg[key]!r}")
-    for key in ("weight_decay", "clip_eps", "advantage_eps"):
+    for key in ("weight_decay", "clip_eps", "advantage_eps", "beta"):
         if not isinstance(cfg[key], (int, float)) or not cfg[key] >= 0:
             raise ValueError(f"config key {key!r} must be a non-negative number, got {cfg[key]!r}")
     if not isinstance(cfg["router_eps"], (int, float)) or not 0 < cfg["router_eps"] <= 1:
@@ -306,8 +310,8 @@ def _check(cfg: GRPOConfig) -> None:
     if cfg["router_features"] not in ("calculation", "basic"):
         raise ValueError(f"config key 'router_features' must be 'calculation' or 'basic', "
                          f"got {cfg['router_features']!r}")
-    if cfg["scale_rewards"] not in ("group", "none"):
-        raise ValueError(f"config key 'scale_rewards' must be 'group' or 'none', "
+    if cfg["scale_rewards"] not in ("group", "batch", "none"):
+        raise ValueError(f"config key 'scale_rewards' must be 'group', 'batch' or 'none', "
                          f"got {cfg['scale_rewards']!r}")
     if (isinstance(cfg["exact_budget"], bool) or not isinstance(cfg["exact_budget"], (int, float))
             or not 0 <= cfg["exact_budget"] <= 1):

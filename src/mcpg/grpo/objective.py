@@ -22,7 +22,8 @@ candidate ``I`` and its reward ``G = R^(I)``. This module turns them into a loss
 
 2. :func:`group_advantages` turns each agent's scores into advantages within its group of
    m completions of the same prompt, in TRL's conventions (``scale_rewards="group"``:
-   :func:`group_standardize`, GRPO's group-relative advantage; ``"none"``: centred only, as
+   :func:`group_standardize`, GRPO's group-relative advantage; ``"batch"``: centred in the
+   group, divided by the standard deviation over the whole batch; ``"none"``: centred only, as
    in Dr. GRPO), so the routed methods differ only in the signal.
 
    :func:`route_and_credit` chains the whole step "route, draw I, credit, advantages"; the
@@ -65,6 +66,7 @@ __all__ = [
     "zero_std_groups",
     "RoutedCredit",
     "route_and_credit",
+    "LossStats",
     "clipped_grpo_loss",
 ]
 
@@ -74,7 +76,7 @@ SIGNALS: tuple[str, ...] = ("wta", "removal", "oracle")
 LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 """Token aggregations of :func:`clipped_grpo_loss`, named as TRL's ``GRPOConfig.loss_type``."""
 
-SCALE_REWARDS: tuple[str, ...] = ("group", "none")
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none")
 """Advantage scalings of :func:`group_advantages`, named as TRL's ``GRPOConfig.scale_rewards``."""
 
 ADVANTAGE_EPS: float = 1e-4
@@ -177,16 +179,36 @@ def group_standardize(scores, eps: float = ADVANTAGE_EPS, axis: int = -2):
     return out if is_torch else out.numpy()
 
 
-def group_advantages(scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2):
+def _batch_std(x: torch.Tensor, axis: int, batch_axis: int | None) -> torch.Tensor:
+    """Each agent's unbiased standard deviation over the batch: the group axis and the prompts'."""
+    if batch_axis is None:
+        raise ValueError("scale_rewards 'batch' divides by the standard deviation over the batch: "
+                         "give batch_axis, the prompts' axis")
+    if not -x.ndim <= batch_axis < x.ndim:
+        raise ValueError(f"batch_axis {batch_axis} does not exist in scores of shape {tuple(x.shape)}")
+    dims = sorted({axis % x.ndim, batch_axis % x.ndim})
+    if (x.ndim - 1) in dims:
+        raise ValueError("the agents' axis (the last) cannot be part of the batch")
+    return x.std(dim=dims, keepdim=True, unbiased=True)
+
+
+def group_advantages(scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2,
+                     batch_axis: int | None = None):
     """Per-agent group advantages in TRL's conventions (``GRPOConfig.scale_rewards``).
 
     - ``"group"``: ``(x - mean) / (std + eps)`` within each group (:func:`group_standardize`;
       unbiased std, TRL's ``eps = 1e-4``);
+    - ``"batch"``: ``(x - mean) / (std_batch + eps)``: centred within each group, divided by the
+      unbiased standard deviation of the agent's scores over the whole batch (every prompt's
+      group: the axes ``axis`` and ``batch_axis``), as TRL's ``GRPOTrainer`` does with
+      ``scale_rewards="batch"`` (``nanstd(rewards)`` over the batch);
     - ``"none"``: ``x - mean``, centred only (Dr. GRPO), which keeps the signal's scale, so an
       unbiased credit signal (Corollary 3) stays an unbiased direction after the baseline.
 
-    The group (one prompt's m completions) sits on ``axis``; agents on the last axis are
-    treated separately. numpy in, numpy out; torch in, torch out.
+    The group (one prompt's m completions) sits on ``axis``, the prompts on ``batch_axis``
+    (read by ``"batch"`` only, which needs it); agents on the last axis are treated
+    separately: each agent is its own GRPO problem, so its batch is its own scores.
+    numpy in, numpy out; torch in, torch out.
     """
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
@@ -194,6 +216,8 @@ def group_advantages(scores, scale_rewards: str = "group", eps: float = ADVANTAG
         return group_standardize(scores, eps=eps, axis=axis)
     x, is_torch = _groups(scores, axis)
     out = x - x.mean(dim=axis, keepdim=True)
+    if scale_rewards == "batch":
+        out = out / (_batch_std(x, axis, batch_axis) + eps)
     return out if is_torch else out.numpy()
 
 
@@ -213,21 +237,27 @@ def zero_std_groups(scores, axis: int = -2) -> np.ndarray:
 
 
 def credit_leverage(
-    scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2
+    scores, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, axis: int = -2,
+    batch_axis: int | None = None,
 ) -> np.ndarray:
     """The gradient leverage a of each credit score: how much an error in it moves its advantage.
 
     With ``scale_rewards="none"`` the advantage is the centred score, so a = 1. With
     ``"group"`` it is divided by the group's standard deviation, so to first order an error
     in one score moves its advantage by 1/(std + eps): a = 1/(std + eps) of the agent's
-    group (the m scores on ``axis``). Returns an array of the shape of ``scores``.
+    group (the m scores on ``axis``); with ``"batch"``, 1/(std + eps) of the agent's scores
+    over the batch (``axis`` and ``batch_axis``, as :func:`group_advantages`). Returns an array
+    of the shape of ``scores``.
     """
     x = _np(scores, "scores").astype(float)
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     if scale_rewards == "none":
         return np.ones_like(x)
-    std = x.std(axis=axis, ddof=1, keepdims=True)
+    if scale_rewards == "batch":
+        std = _batch_std(torch.as_tensor(x), axis, batch_axis).numpy()
+    else:
+        std = x.std(axis=axis, ddof=1, keepdims=True)
     return np.broadcast_to(1.0 / (std + eps), x.shape).copy()
 
 
@@ -270,7 +300,8 @@ def budgeted_removal(
 ) -> tuple[np.ndarray, ExactFeedback]:
     """Removal credit with exact evaluations on a budget: Eq. (19), Eq. (22), Eq. (21).
 
-    Shapes ``(..., m, K)`` with the GRPO group (m slates of one prompt) on axis -2.
+    Shapes ``(..., m, K)`` with the GRPO group (m slates of one prompt) on axis -2 (and, for
+    ``scale_rewards="batch"``, the prompts on axis -3).
 
     1. Δ̂ = Eq. (19) from the selected feedback (:func:`credit` ``"removal"``);
     2. per slate, p from ``budget`` (:meth:`mcpg.allocation.ExactBudget.probabilities`): a
@@ -309,7 +340,8 @@ def budgeted_removal(
         proxy = allocation.predraw_error_proxy(p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
     else:  # the advantage's leverage and the error given the draw
         proxy = allocation.removal_error_proxy(selected, reward, p_arr, _np(P, "P"), _np(mu_hat, "mu_hat"))
-        lev = credit_leverage(delta_hat, scale_rewards, advantage_eps, axis=-2)
+        lev = credit_leverage(delta_hat, scale_rewards, advantage_eps, axis=-2,
+                              batch_axis=-3 if scale_rewards == "batch" else None)
     cost = np.full(slate_shape, float(K - 1))
     prob = budget.probabilities(lev.reshape(-1, K), proxy.reshape(-1, K), cost.reshape(-1))
     prob = prob.reshape(slate_shape)
@@ -376,7 +408,8 @@ def route_and_credit(
             look up ``G = R^(I)``; the signals other than ``"oracle"`` never see the rest.
         rng: a generator, or a sequence of generators, one per index of the first axis (the
             simulated pool runs independent seeds side by side).
-        scale_rewards, advantage_eps: TRL's advantage scaling (:data:`SCALE_REWARDS`, ``1e-4``).
+        scale_rewards, advantage_eps: TRL's advantage scaling (:data:`SCALE_REWARDS`, ``1e-4``);
+            ``"batch"`` reads the prompts on axis -3 (``(..., B, m, K)``: the batch of one seed).
         budget, budget_rng: for ``"removal"`` only, exact evaluations on a budget
             (:func:`budgeted_removal`): an :class:`mcpg.allocation.ExactBudget` and its own
             generator, or one of each per index of the first axis, like ``rng``. None: Eq. (19)
@@ -422,10 +455,45 @@ def route_and_credit(
         scores = np.stack([c for c, _ in parts])
         exact = ExactFeedback(**{f: np.stack([getattr(e, f) for _, e in parts])
                                  for f in ("p", "z", "cost", "delta_hat", "proxy", "leverage")})
-    adv = group_advantages(scores, scale_rewards=scale_rewards, eps=advantage_eps, axis=-2)
+    adv = group_advantages(scores, scale_rewards=scale_rewards, eps=advantage_eps, axis=-2,
+                           batch_axis=-3 if scale_rewards == "batch" else None)
     zs = zero_std_groups(scores, axis=-2)
     return RoutedCredit(I=I, G=G, scores=scores, advantages=adv,
                         zero_std_fraction=zs.reshape(-1, zs.shape[-1]).mean(axis=0), exact=exact)
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """What :func:`clipped_grpo_loss` measures beside the loss (``return_stats=True``), as sums over
+    the counted tokens (``mask``), so that micro-batches and processes add up exactly.
+
+    Attributes:
+        tokens: the counted tokens.
+        low_clipped: tokens whose ratio lies below ``1 - eps_low`` with a negative advantage
+            (TRL's ``is_low_clipped``; the clip removes their gradient).
+        high_clipped: tokens whose ratio lies above ``1 + eps_high`` with a positive advantage
+            (TRL's ``is_high_clipped``).
+        approx_kl: the sum of ``(r_t - 1) - log r_t``, the k3 estimate of KL(old || new) that
+            CleanRL logs as ``approx_kl`` (0 on-policy).
+        kl: the sum of the KL term as it enters the loss (before ``beta``), TRL's ``kl`` metric;
+            0 when ``beta`` is 0.
+
+    :meth:`means` gives TRL's logged names (``clip_ratio/low_mean``, ...) as means over the tokens.
+    """
+
+    tokens: torch.Tensor
+    low_clipped: torch.Tensor
+    high_clipped: torch.Tensor
+    approx_kl: torch.Tensor
+    kl: torch.Tensor
+
+    def means(self) -> dict[str, float]:
+        """Means over the counted tokens, under TRL's metric names (and CleanRL's ``approx_kl``)."""
+        n = float(self.tokens.clamp(min=1.0))
+        low, high = float(self.low_clipped) / n, float(self.high_clipped) / n
+        return {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high,
+                "clip_ratio/region_mean": low + high, "approx_kl": float(self.approx_kl) / n,
+                "kl": float(self.kl) / n}
 
 
 def clipped_grpo_loss(
@@ -439,12 +507,17 @@ def clipped_grpo_loss(
     max_completion_length: int | None = None,
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
-) -> torch.Tensor:
+    use_bias_correction_kl: bool = True,
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, LossStats]:
     """Token-level PPO-clip GRPO loss, as TRL's ``GRPOTrainer`` computes it.
 
     With ratio ``r_t = exp(logp_new_t - logp_old_t)`` and one advantage ``A`` per completion,
     the per-token loss is ``-min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)``, plus
-    ``beta * KL_t`` (the k3 estimator against ``logp_ref``) when ``beta > 0``. Tokens are
+    ``beta * KL_t`` when ``beta != 0``: TRL's k3 estimator of the KL divergence to the
+    reference policy, ``KL_t = exp(d_t) - d_t - 1`` with ``d_t = logp_ref_t - logp_new_t``,
+    multiplied by ``r_t`` when ``use_bias_correction_kl`` (TRL's default: the unbiased
+    reverse-KL gradient; ``r_t`` is 1 on-policy but its gradient is not 0). Tokens are
     aggregated as TRL's ``loss_type`` says:
 
     - ``"dapo"`` (TRL's default): sum over all active tokens of the batch / their number;
@@ -462,10 +535,15 @@ def clipped_grpo_loss(
         loss_type: one of :data:`LOSS_TYPES`.
         max_completion_length: the constant of ``"dr_grpo"``; defaults to T.
         beta: KL coefficient (TRL ``beta``, default 0: no reference model).
-        logp_ref: reference-policy log-probabilities, (N, T), needed when ``beta > 0``.
+        logp_ref: reference-policy log-probabilities, (N, T), needed when ``beta != 0``.
+        use_bias_correction_kl: TRL's key of that name (default True): weight the KL term by
+            the probability ratio.
+        return_stats: also return the :class:`LossStats` of the batch (clipped tokens low and
+            high, approximate KL), computed from the same ratios as the loss.
 
     Returns:
-        a scalar tensor; its gradient flows through ``logp_new`` only.
+        a scalar tensor; its gradient flows through ``logp_new`` only. With ``return_stats``,
+        ``(loss, LossStats)``.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -493,15 +571,33 @@ def clipped_grpo_loss(
     coef_1 = torch.exp(logp_new - logp_old.detach())
     coef_2 = torch.clamp(coef_1, 1 - clip_eps, 1 + eps_high)
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    kl = None
     if beta != 0.0:
         if logp_ref is None:
             raise ValueError("logp_ref is required when beta != 0")
+        if logp_ref.shape != logp_new.shape:
+            raise ValueError(f"logp_ref must have shape {tuple(logp_new.shape)}, got {tuple(logp_ref.shape)}")
         d = logp_ref.detach() - logp_new
-        per_token_loss = per_token_loss + beta * (torch.exp(d) - d - 1)
+        kl = torch.exp(d) - d - 1
+        if use_bias_correction_kl:
+            kl = kl * coef_1
+        per_token_loss = per_token_loss + beta * kl
 
     if loss_type in ("dapo", "bnpo"):
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    T = logp_new.shape[1] if max_completion_length is None else int(max_completion_length)
-    return (per_token_loss * mask).sum() / (per_token_loss.size(0) * T)
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    else:
+        T = logp_new.shape[1] if max_completion_length is None else int(max_completion_length)
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * T)
+    if not return_stats:
+        return loss
+    with torch.no_grad():
+        ratio, m = coef_1.detach(), mask.double()
+        low = (ratio < 1 - clip_eps) & (adv < 0)
+        high = (ratio > 1 + eps_high) & (adv > 0)
+        log_ratio = logp_new.detach() - logp_old.detach()
+        stats = LossStats(tokens=m.sum(), low_clipped=(low * m).sum(), high_clipped=(high * m).sum(),
+                          approx_kl=((torch.expm1(log_ratio) - log_ratio) * m).sum(),
+                          kl=(kl.detach() * m).sum() if kl is not None else m.new_zeros(()))
+    return loss, stats

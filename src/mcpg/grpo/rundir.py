@@ -31,9 +31,9 @@ from ._runtime import json_default, write_json
 from .objective import ADVANTAGE_EPS
 
 __all__ = ["CONFIG", "PROVENANCE", "INITIAL_EVAL", "METRICS", "SLATES", "EVAL", "CHECKPOINT", "ADAPTERS",
-           "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "SLATE_KEYS",
-           "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter", "Run",
-           "read_run", "read_comparison", "read_json", "read_jsonl"]
+           "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "AGENT_DIAGNOSTICS",
+           "SLATE_KEYS", "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter",
+           "Run", "read_run", "read_comparison", "read_json", "read_jsonl"]
 
 CONFIG, PROVENANCE, INITIAL_EVAL = "config.json", "PROVENANCE.json", "initial_eval.json"
 METRICS, SLATES, EVAL = "metrics.jsonl", "slates.jsonl", "eval.json"
@@ -54,6 +54,23 @@ ROW_KEYS = ("update", "signal", "seconds")
 
 METRICS_KEYS = ROW_KEYS + PER_AGENT_METRICS + SCALAR_METRICS
 """Every key of a metrics.jsonl row (``eval`` aside, which only some rows hold)."""
+
+AGENT_DIAGNOSTICS: dict[str, str] = {
+    "agent/grad_norm": "its adapter's gradient norm before clipping (clip_grad_norm_'s return, TRL's "
+                       "grad_norm), mean over the rollout's optimizer steps",
+    "agent/entropy": "mean entropy (nats) of its policy at its sampling temperature over its trained "
+                     "tokens, before the first step (TRL's entropy)",
+    "agent/advantage_std": "standard deviation of its advantages over the rollout's completions",
+    "agent/clip_low": "share of its trained tokens with ratio below 1 - clip_eps and a negative advantage "
+                      "(TRL's clip_ratio/low_mean), over the rollout's steps",
+    "agent/clip_high": "share with ratio above 1 + clip_eps_high and a positive advantage "
+                       "(TRL's clip_ratio/high_mean)",
+    "agent/approx_kl": "mean (r - 1) - log r over its trained tokens and steps (CleanRL's approx_kl; "
+                       "0 with num_iterations 1)",
+    "agent/kl": "mean KL term to the frozen base model over its trained tokens (TRL's kl; 0 when beta is 0)",
+}
+"""The actor update's per-agent diagnostics, one value per agent (config order) under the ``agent/``
+namespace, each with its meaning. Rows of runs recorded before they existed lack them."""
 
 SLATE_KEYS = ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")
 """The slates.jsonl keys, each one entry per slate (rewards (K), the deployed index, its reward, the
@@ -80,8 +97,10 @@ def _mean(x) -> float | None:
 
 
 def metrics_row(log: dict, K: int, *, update: int, signal: str, losses: list[float], router_loss: float,
-                clip_fraction: float, router_slates: int, seconds: dict) -> dict:
-    """One metrics.jsonl row (:data:`METRICS_KEYS`; meanings: :mod:`mcpg.grpo.train`'s table) from
+                clip_fraction: float, router_slates: int, seconds: dict,
+                diagnostics: dict[str, list[float]] | None = None) -> dict:
+    """One metrics.jsonl row (:data:`METRICS_KEYS`; meanings: :mod:`mcpg.grpo.train`'s table, and
+    ``diagnostics``, the :data:`AGENT_DIAGNOSTICS` of the actor update, checked against them) from
     the rollout's log gathered over processes: per slate ``R`` (K), ``G``, ``I``, ``entropy``,
     ``brier``, ``score`` (K), ``zero_std`` and ``zero_std_reward`` (K, per group), ``exact_z``,
     ``exact_p``; per matched slate ``spec``; per completion ``len`` and ``trunc``."""
@@ -110,8 +129,17 @@ def metrics_row(log: dict, K: int, *, update: int, signal: str, losses: list[flo
         "zero_std_reward_fraction": np.array(log["zero_std_reward"], dtype=float).mean(0).tolist(),
         "clip_fraction": clip_fraction,
         "router_slates": router_slates,
+        **_diagnostics(diagnostics or {}, K),
         "seconds": seconds,
     }
+
+
+def _diagnostics(diagnostics: dict, K: int) -> dict:
+    unknown = sorted(set(diagnostics) - set(AGENT_DIAGNOSTICS))
+    if unknown or any(len(v) != K for v in diagnostics.values()):
+        raise ValueError(f"diagnostics must be AGENT_DIAGNOSTICS keys with one value per agent, got "
+                         f"{ {k: len(v) for k, v in diagnostics.items()} }")
+    return {k: [float(x) for x in v] for k, v in diagnostics.items()}
 
 
 def slates_row(log: dict, budget: bool) -> dict:

@@ -45,7 +45,7 @@ Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`
                          with an exact budget also exact_z, exact_p: evaluated, its probability;
                          under allocation "leverage" also exact_a: each completion's leverage)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
-    adapters/<agent>.safetensors, router.safetensors    the final weights
+    adapters/<agent>/, router.safetensors    the final weights (each agent in peft's format)
     checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
 
 Logged metrics (``metrics.jsonl``, one row per update; per-agent lists are in the config's
@@ -84,6 +84,10 @@ key                             meaning
 ``truncated``                   share of completions cut at ``max_new_tokens`` (not ended by EOS
                                 nor, with ``stop_at_answer``, by a finished answer line)
 ``seconds``                     wall time of the rollout, the actor update and the whole update
+``agent/...``                   per agent: the actor update's diagnostics (gradient norm, policy
+                                entropy, advantage spread, clipped shares, approximate KL, KL to
+                                the base), each declared with its meaning in
+                                ``mcpg.grpo.rundir.AGENT_DIAGNOSTICS``
 ``eval``                        an evaluation (keys below), every ``eval_every`` updates
 =============================== ==================================================================
 
@@ -235,6 +239,8 @@ class Engine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"config {cfg['name']!r} needs a CUDA GPU (device='cuda'); none is available")
         self.dist = dist or Dist(device)
+        if cfg["scale_rewards"] == "batch" and self.dist.world > 1:  # each process would see its own batch
+            raise ValueError("config key 'scale_rewards': 'batch' needs one process (not data parallel)")
         seed = cfg["seed"]
         torch.manual_seed(seed + 100_003 * self.dist.rank)
         random.seed(seed + self.dist.rank)
@@ -378,7 +384,7 @@ class Engine:
         I, G, scores, A, exact = step.I, step.G, step.scores, step.advantages, step.exact  # noqa: E741
         # 7. actor update: the clipped GRPO loss on each agent's own adapter
         adv_rows = torch.as_tensor(slates.to_rows(A), dtype=torch.float32)
-        losses, clip_fraction = self._actor_update(roll, adv_rows)
+        losses, clip_fraction, diagnostics = self._actor_update(roll, adv_rows)
         t_actor = time.perf_counter()
         # 8. router update, only now, from the logged selected feedback of this and earlier rollouts
         router_loss = self._router_update(slates.logged(feats), I, G, p)
@@ -390,6 +396,7 @@ class Engine:
         return rundir.metrics_row(
             log, K, update=self.step, signal=self.signal, losses=losses, router_loss=router_loss,
             clip_fraction=clip_fraction, router_slates=int(sum(len(r["selected"]) for r in self.replay)),
+            diagnostics=diagnostics,
             seconds={"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0})
 
     def _leverage(self, roll: Rollout, slates: Slates) -> np.ndarray:
@@ -508,25 +515,48 @@ class Engine:
         if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
             with torch.no_grad():
                 old = [self._logprobs(roll, rows).detach() for rows in batches]
-        clipped = torch.zeros(2, dtype=torch.float64)  # clipped tokens, all tokens
+        # beta: the KL term's reference policy, the frozen base model (AgentPool.reference_logprobs)
+        ref = [self.pool.reference_logprobs(roll.rows(rows)) for rows in batches] if cfg["beta"] else None
+        stats = torch.zeros(K, 5, dtype=torch.float64)  # per agent: LossStats' sums (_micro_batch_loss)
+        entropy = torch.zeros(K, dtype=torch.float64)  # per agent: entropy summed over its trained tokens
+        grad_norms = []
         agent_loss = [0.0] * K
-        for _epoch in range(cfg["num_iterations"]):
+        for epoch in range(cfg["num_iterations"]):
             self.optimizer.zero_grad(set_to_none=False)
             agent_loss = [0.0] * K
             for b, rows in enumerate(batches):
-                logp = self._logprobs(roll, rows)
+                logp, ent = self._logprobs(roll, rows, with_entropy=True)
+                if epoch == 0:  # the sampling policy's entropy
+                    entropy.index_add_(0, agent_of_row[rows], (ent.cpu().double() * trained[rows]).sum(1))
                 logp_old = logp.detach() if old is None else old[b]
                 total = self._micro_batch_loss(logp, logp_old, adv_rows[rows], trained[rows],
-                                               agent_of_row[rows], norm, agent_loss, clipped)
+                                               agent_of_row[rows], norm, agent_loss, stats,
+                                               None if ref is None else ref[b])
                 total.backward()
-            self._optimizer_step()
+            grad_norms.append(self._optimizer_step())
         losses = self.dist.sum_(torch.tensor(agent_loss, dtype=torch.float64, device=self.dist.device)).cpu()
-        clipped = self.dist.sum_(clipped.to(self.dist.device)).cpu()
-        return losses.tolist(), float(clipped[0] / clipped[1].clamp(min=1.0))
+        stats = self.dist.sum_(stats.to(self.dist.device)).cpu()
+        clip_fraction = float(stats[:, :2].sum() / stats[:, 4].sum().clamp(min=1.0))
+        return losses.tolist(), clip_fraction, self._diagnostics(stats, entropy, grad_norms, adv_rows,
+                                                                 agent_of_row, norm)
 
-    def _logprobs(self, roll: Rollout, rows: list[int]) -> torch.Tensor:
-        """Per-token log-probabilities of the completions ``rows`` under their agents' adapters."""
-        return self.pool.token_logprobs(roll.rows(rows))
+    def _diagnostics(self, stats, entropy, grad_norms, adv_rows, agent_of_row, norm) -> dict[str, list]:
+        """The update's :data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`, over all processes."""
+        K, per_token = self.K, stats / stats[:, 4:].clamp(min=1.0)
+        a = adv_rows.double()
+        moments = torch.stack([torch.zeros(K, dtype=torch.float64).index_add_(0, agent_of_row, a ** q)
+                               for q in (1, 2)])  # per agent: sums of its advantages and their squares
+        moments = self.dist.sum_(moments.to(self.dist.device)).cpu() / norm["seqs"].clamp(min=1.0)
+        entropy = self.dist.sum_(entropy.to(self.dist.device)).cpu() / norm["tokens"].clamp(min=1.0)
+        return {"agent/grad_norm": np.mean(grad_norms, axis=0).tolist(), "agent/entropy": entropy.tolist(),
+                "agent/advantage_std": (moments[1] - moments[0] ** 2).clamp(min=0.0).sqrt().tolist(),
+                "agent/clip_low": per_token[:, 0].tolist(), "agent/clip_high": per_token[:, 1].tolist(),
+                "agent/approx_kl": per_token[:, 2].tolist(), "agent/kl": per_token[:, 3].tolist()}
+
+    def _logprobs(self, roll: Rollout, rows: list[int], with_entropy: bool = False):
+        """Per-token log-probabilities of the completions ``rows`` under their agents' adapters
+        (and, ``with_entropy``, their policies' entropies: :meth:`AgentPool.token_logprobs`)."""
+        return self.pool.token_logprobs(roll.rows(rows), with_entropy=with_entropy)
 
     def _loss_normalisers(self, agent_of_row: torch.Tensor, trained: torch.Tensor) -> dict:
         """Each agent's loss normaliser over all processes (data parallel: global counts), so that
@@ -540,28 +570,25 @@ class Engine:
                 "by_tokens": self.cfg["loss_type"] in ("dapo", "bnpo")}
 
     def _micro_batch_loss(self, logp, logp_old, adv, trained, agents, norm: dict, agent_loss: list[float],
-                          clipped: torch.Tensor) -> torch.Tensor:
+                          stats: torch.Tensor, logp_ref: torch.Tensor | None = None) -> torch.Tensor:
         """The micro-batch's share of each agent's clipped GRPO loss (rescaled to the agent's
-        global normaliser), summed over agents; adds each agent's share to ``agent_loss`` and the
-        clipped and all tokens to ``clipped``."""
+        global normaliser), summed over agents; adds each agent's share to ``agent_loss`` and its
+        :class:`~mcpg.grpo.objective.LossStats` (clipped low, high, approx KL, KL, tokens) to
+        ``stats[k]``."""
         cfg = self.cfg
-        eps_low = cfg["clip_eps"]
-        eps_high = cfg["clip_eps_high"] if cfg["clip_eps_high"] is not None else eps_low
         mask = trained.to(logp.device)
-        with torch.no_grad():
-            ratio = torch.exp(logp.detach() - logp_old)
-            a_tok = adv.to(logp.device)[:, None]
-            region = ((ratio < 1 - eps_low) & (a_tok < 0)) | ((ratio > 1 + eps_high) & (a_tok > 0))
-            clipped += torch.stack([(region & mask.bool()).sum(), mask.sum()]).double().cpu()
         total = logp.new_zeros(())
         for k in range(self.K):
             sel = (agents == k).nonzero().squeeze(1).to(logp.device)
             if sel.numel() == 0:
                 continue
             mk = mask[sel]
-            lk = clipped_grpo_loss(logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk,
-                                   clip_eps=cfg["clip_eps"], clip_eps_high=cfg["clip_eps_high"],
-                                   loss_type=cfg["loss_type"], max_completion_length=cfg["max_new_tokens"])
+            lk, st = clipped_grpo_loss(
+                logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk, clip_eps=cfg["clip_eps"],
+                clip_eps_high=cfg["clip_eps_high"], loss_type=cfg["loss_type"],
+                max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"],
+                logp_ref=None if logp_ref is None else logp_ref[sel], return_stats=True)
+            stats[k] += torch.stack([st.low_clipped, st.high_clipped, st.approx_kl, st.kl, st.tokens]).cpu()
             share = ((mk.sum().clamp(min=1.0) / norm["tokens"][k].clamp(min=1.0)) if norm["by_tokens"]
                      else (sel.numel() / norm["seqs"][k]))
             lk = lk * share.to(lk.dtype) if torch.is_tensor(share) else lk * float(share)
@@ -569,16 +596,23 @@ class Engine:
             agent_loss[k] += float(lk.detach())
         return total
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self) -> list[float]:
         """Sum the processes' gradients (the losses use global normalisers), clip each agent's
-        gradient norm (``max_grad_norm``), and step AdamW."""
+        gradient norm (``max_grad_norm``), and step AdamW. Returns each agent's gradient norm
+        before clipping."""
         for p_ in (p for g in self.optimizer.param_groups for p in g["params"]):
             if p_.grad is not None:
                 self.dist.sum_(p_.grad)
-        if self.cfg["max_grad_norm"]:
-            for a in self.agents:
-                torch.nn.utils.clip_grad_norm_(self.pool.adapter_params(a.name), self.cfg["max_grad_norm"])
+        norms = []
+        for a in self.agents:
+            params = self.pool.adapter_params(a.name)
+            if self.cfg["max_grad_norm"]:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.cfg["max_grad_norm"])))
+            else:
+                grads = [p.grad for p in params if p.grad is not None]
+                norms.append(float(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
+        return norms
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
