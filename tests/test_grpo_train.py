@@ -45,8 +45,9 @@ def _subprocess_env() -> dict:
 
 def _train_in_subprocess(launcher: list[str], output: Path, *extra: str) -> subprocess.CompletedProcess:
     """``python <launcher> -m mcpg.grpo train`` of tiny-random with removal credit into ``output``,
-    in a fresh process (:func:`_subprocess_env`)."""
-    cmd = [sys.executable, *launcher, "-m", "mcpg.grpo", "train", "--config", "tiny-random",
+    in a fresh process (:func:`_subprocess_env`); with ``--resume``, the run's own config."""
+    config = [] if "--resume" in extra else ["--config", "tiny-random"]  # a resumed run has its own
+    cmd = [sys.executable, *launcher, "-m", "mcpg.grpo", "train", *config,
            "--signal", "removal", "--output", str(output), *extra, "--no-progress"]
     # generous timeout: a loaded 2-core machine is many times slower than an idle one
     return subprocess.run(cmd, env=_subprocess_env(), capture_output=True, text=True, timeout=1800)
@@ -108,7 +109,7 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
     assert "base_accuracy" in ev and len(ev["agent_accuracy"]) == 3
     capsys.readouterr()
     # `evaluate --run` reloads the saved weights and reproduces the evaluation
-    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    assert main(["evaluate", "--run", str(run), "--no-progress", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert {k: again[k] for k in EVAL_KEYS} == {k: ev[k] for k in EVAL_KEYS}
 
@@ -263,7 +264,7 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     run = tmp_path / "ddp"
     launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = _train_in_subprocess(launch, run, "--updates", "2")
+    proc = _train_in_subprocess(launch, run, "--updates", "2", "--json")
     # on failure: whether the run had finished (eval.json) and both ends of stderr, so that an
     # abort in a collective can be told from one at exit
     files = sorted(p.name for p in run.iterdir()) if run.is_dir() else []
@@ -494,7 +495,7 @@ def test_exact_budget_resumes_as_uninterrupted(tmp_path, some_rewards):
     train("tiny-random", "removal", full, **kw)
     assert train("tiny-random", "removal", cut, stop_after=2, **kw) is None
     assert (cut / "checkpoint" / "budget_rank0.json").exists()
-    train("tiny-random", "removal", cut, resume=True)
+    train(None, "removal", cut, resume=True)  # the run's own config (exact_budget 0.5)
     assert _metrics(cut) == _metrics(full)
 
 
