@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=progress_help)
     t.add_argument("--json", action="store_true", help=json_help)
     e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json",
-                       description="Evaluate a run's final weights (or checkpoint); rewrite eval.json.",
+                       description="Evaluate a finished run's final weights on its own held-out problems; "
+                                   "rewrite eval.json.",
                        epilog=EXAMPLES, formatter_class=fmt)
     e.add_argument("--run", required=True, help="run directory written by train")
     e.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
