@@ -160,6 +160,16 @@ def _evaluate_on_other_problems(tmp, rec, mp):
     return ["evaluate", "--run", str(run)], run, True
 
 
+def _evaluate_an_older_run_on_fewer_problems(tmp, rec, mp):
+    # a run recorded before PROVENANCE.json held its problems: their number is still checked
+    run = copy_run(rec, "finished", tmp)
+    prov = json.loads((run / "PROVENANCE.json").read_text())
+    del prov["data"]
+    (run / "PROVENANCE.json").write_text(json.dumps(prov))
+    mp.setenv("MCPG_GSM8K_DIR", str(data_folder(tmp, FIXTURE_TEST[:3])))
+    return ["evaluate", "--run", str(run)], run, True
+
+
 CASES = {
     # section 2 of issue 60
     "empty test split": (_empty_test_split, ["test.jsonl", "holds no problems"]),
@@ -187,6 +197,8 @@ CASES = {
     "evaluate an unfinished run": (_evaluate_an_unfinished_run, ["has not finished", "--resume"]),
     "evaluate on other problems": (_evaluate_on_other_problems,
                                    ["evaluate", "SHA-256", "differ", "MCPG_GSM8K_DIR"]),
+    "evaluate an older run on fewer problems": (_evaluate_an_older_run_on_fewer_problems,
+                                                ["gives 3 held-out problems", "evaluated on 4"]),
 }
 
 

@@ -240,8 +240,15 @@ def load_problems(cfg, load_train: bool = True) -> tuple[list[dict] | None, list
 
 def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) -> None:
     """Refuse ``now`` (a :func:`data_record`) when its problems differ from the ones ``recorded``
-    in the run's ``PROVENANCE.json`` (nothing to check for a run recorded before this record)."""
+    in the run's ``PROVENANCE.json``. A run recorded before that record is checked on what it
+    has: the number of held-out problems its evaluations (initial_eval.json, eval.json) hold."""
     if not recorded:
+        for name in (rundir.INITIAL_EVAL, rundir.EVAL):
+            path = run / name
+            n = json.loads(path.read_text()).get("n") if path.is_file() else None
+            if n is not None and n != now["eval_n"]:
+                raise ValueError(f"{what}: {now['source']} gives {now['eval_n']} held-out problems, run "
+                                 f"{run} was evaluated on {n} ({name}): read the problems the run used")
         return
     for split in ("train", "eval"):
         key = f"{split}_sha256"
