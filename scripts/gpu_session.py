@@ -191,13 +191,11 @@ def _download_wheels(packages: dict[str, str], folder: Path, wheels_from, python
 
 
 def _code_commit() -> dict:
-    def git(*a):
-        done = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else None
+    """The commit and dirty flag of this checkout, by the library's one provenance writer."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from mcpg.grpo.provenance import commit_state
 
-    sha = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if sha else None
-    return {"commit": sha, "dirty": dirty}
+    return commit_state(ROOT)
 
 
 def _platform_tag() -> str:

@@ -27,7 +27,8 @@ reference the engine's evaluation reports as ``base_accuracy``) and its sampler
 (``AgentPool.generate``: temperature, no top-k/top-p). ``summary.json`` is rewritten after
 every batch from the jsonl files alone: accuracies with Wilson intervals, truncation,
 pass@k for k = 1, 4, 8 (unbiased estimator) and the share of groups of m = 8 with no right
-answer, plus provenance (command, commit, dates, machine, seeds, wall and CPU time).
+answer, plus provenance (command, commit, dates, machine, seeds, wall and CPU time; also in
+``PROVENANCE.json``, written by :func:`mcpg.grpo.provenance.write_provenance`).
 
     nice -n 10 python scripts/gsm8k_measure.py --output data/results/gsm8k
 
@@ -53,7 +54,7 @@ if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
 
 from mcpg.grpo.gsm8k import is_correct, reward  # noqa: E402
 from mcpg.grpo.headroom import cut_completion, no_right_share, pass_at_k, wilson_interval  # noqa: E402
-from mcpg.grpo.provenance import commit_state, machine_info  # noqa: E402
+from mcpg.grpo.provenance import FILE, code_origin, commit_state, machine_info, write_provenance  # noqa: E402
 
 MODES = ("strict", "flexible", "committed")
 PHASES = ("arith_greedy", "arith_samples", "greedy", "samples")
@@ -255,11 +256,32 @@ def samples_summary(rows: list[dict], n_samples: int, temperature: float, max_ne
     return out
 
 
+LEGACY_FILE = "provenance.json"
+"""The name this script wrote its provenance under before it went through the library's writer."""
+
+
+def read_prov(out: Path) -> dict:
+    """The recording's ``PROVENANCE.json`` (or, from a recording made before, its
+    ``provenance.json``); {} when there is none yet."""
+    for name in (FILE, LEGACY_FILE):
+        if (out / name).is_file():
+            return json.loads((out / name).read_text())
+    return {}
+
+
+def write_prov(out: Path, prov: dict) -> None:
+    """Write the recording's provenance through the one writer, as ``PROVENANCE.json`` (a
+    ``provenance.json`` of an earlier recording is replaced by it)."""
+    write_provenance(out / FILE, prov)
+    if (out / LEGACY_FILE).is_file():
+        (out / LEGACY_FILE).unlink()
+
+
 def summarize(out: Path, args) -> dict:
     """Rewrite ``summary.json`` from the jsonl files (and the provenance file)."""
     rows = {p: read_rows(out / f"{p}.jsonl") for p in PHASES}
     timing = read_rows(out / "timing.jsonl")
-    prov = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").exists() else {}
+    prov = read_prov(out)
     per_phase = {p: {"wall_s": round(sum(t["wall_s"] for t in timing if t["phase"] == p), 1),
                      "cpu_s": round(sum(t["cpu_s"] for t in timing if t["phase"] == p), 1),
                      "batches": sum(t["phase"] == p for t in timing)} for p in PHASES}
@@ -425,14 +447,14 @@ def main(argv=None) -> dict:
     arith = [{"i": i, "question": p["question"], "gold": p["gold"]} for i, p in enumerate(arith)]
     pool, source = _pool(args.model, args.seed)
     load_s = time.perf_counter() - t0
-    prov_path = out / "provenance.json"
-    prov = json.loads(prov_path.read_text()) if prov_path.exists() else {}
+    prov = read_prov(out)
     prov.update({
         "what": "frozen model, greedy accuracy and sampled headroom (pass@k) on GSM8K test and on "
                 "chapter 8's arithmetic task (mcpg.grpo.arithmetic.task_splits(512, 128, seed=0) held-out)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]) if argv is None
         else "gsm8k_measure.main(" + repr(argv) + ")",
-        **commit_state(ROOT),
+        **commit_state(),  # of the code imported (mcpg.grpo.provenance.code_origin)
+        "code": code_origin(),
         "model": args.model, "model_source": str(source), "dtype": "float32",
         "prompt": "AgentPool.prompt(question, None): the engine's frozen reference (base_accuracy)",
         "example_prompt": pool.prompt("<question>", None),
@@ -450,7 +472,7 @@ def main(argv=None) -> dict:
             print(f"{name}: {filled} recorded rows read at the added budgets", flush=True)
     prov.setdefault("started", _now())
     prov.setdefault("sessions", []).append({"started": _now(), "model_load_s": round(load_s, 1)})
-    prov_path.write_text(json.dumps(prov, indent=1) + "\n")
+    write_prov(out, prov)
     plan = {"greedy": (greedy_set, True, args.max_new_tokens),
             "arith_greedy": (arith, True, args.arith_max_new_tokens),
             "arith_samples": (arith, False, args.arith_max_new_tokens),
@@ -471,10 +493,10 @@ def main(argv=None) -> dict:
             if run_phase(name, probs, pool, out, args, greedy, budget, batch_limit=1):
                 if len(read_rows(out / f"{name}.jsonl")) >= len(probs):
                     pending.remove(name)
-    prov = json.loads(prov_path.read_text())
+    prov = read_prov(out)
     prov["sessions"][-1].update(ended=_now(), wall_s=round(time.perf_counter() - t0, 1),
                                 cpu_s=round(time.process_time() - c0, 1))
-    prov_path.write_text(json.dumps(prov, indent=1) + "\n")
+    write_prov(out, prov)
     summary = summarize(out, args)
     g = summary["gsm8k"]["greedy"]
     if g:

@@ -222,7 +222,7 @@ def test_gpu_session_tiny_random_end_to_end(bundle, tmp_path, capsys):
         state = json.loads((runs / signal / "checkpoint" / "state.json").read_text())
         assert state["step"] == 2 and state["signal"] == signal
     assert not list(out.rglob("checkpoint"))  # the checkpoints stay in the work folder
-    resumed = train("ignored", "wta", runs / "wta", updates=3, resume=True)
+    resumed = train(None, "wta", runs / "wta", updates=3, resume=True)  # its own config.json
     assert resumed["updates"] == 3
     assert json.loads((runs / "wta" / "metrics.jsonl").read_text().splitlines()[-1])["update"] == 3
     assert json.loads(line[len("gpu-session: ") :].rsplit(" in ", 1)[0])["wta"]["updates"] == 2

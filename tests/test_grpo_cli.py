@@ -470,3 +470,48 @@ def test_exit_skips_teardown_only_under_a_distributed_launch(monkeypatch):
     with pytest.raises(HardExit) as done:
         cli._exit(0)
     assert done.value.args == (0,)
+
+
+class _Stream:
+    def __init__(self, tty: bool):
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_is_on_in_a_terminal_and_the_flags_choose(tmp_path, monkeypatch, no_training):
+    assert cli.show_progress(None, _Stream(True)) is True
+    assert cli.show_progress(None, _Stream(False)) is False
+    assert cli.show_progress(True, _Stream(False)) is True
+    assert cli.show_progress(False, _Stream(True)) is False
+    monkeypatch.setattr(cli.sys, "stderr", _Stream(True))  # a terminal: bars by default
+    monkeypatch.setattr(cli, "hide_loading_progress", lambda: None)
+    for flags, want in (([], True), (["--no-progress"], False), (["--progress"], True)):
+        assert cli.main([*TRAIN, "--output", str(tmp_path / "x"), *flags]) == 0
+        assert no_training[-1][4]["progress"] is want, flags
+    monkeypatch.setattr(cli.sys, "stderr", _Stream(False))  # a log file: none unless asked
+    for flags, want in (([], False), (["--progress"], True)):
+        assert cli.main([*TRAIN, "--output", str(tmp_path / "x"), *flags]) == 0
+        assert no_training[-1][4]["progress"] is want, flags
+
+
+EVAL = {"accuracy": 0.5, "initial_accuracy": 0.25, "base_accuracy": 0.125, "oracle": 0.75, "regret": 0.25,
+        "agent_accuracy": [0.5, 0.25], "deployed_fraction": [0.75, 0.25], "n": 8, "signal": "removal",
+        "updates": 3, "correct": [1, 0] * 4, "mu_hat": [[0.1, 0.9]] * 8}
+
+
+def test_the_end_is_a_summary_and_json_on_request(tmp_path, monkeypatch, capsys):
+    from mcpg.grpo import train as train_module
+
+    monkeypatch.setattr(train_module, "train", lambda *a, **k: EVAL)
+    out = tmp_path / "run"
+    assert cli.main([*TRAIN, "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    lines = text.strip().splitlines()
+    assert 3 <= len(lines) <= 5 and "{" not in text and "mu_hat" not in text
+    assert f"removal run in {out}: 3 updates" in lines[0] and "8 held-out problems" in lines[0]
+    assert "accuracy 0.500 (untrained pool 0.250), frozen base model 0.125" in lines[1]
+    assert "0.500, 0.250; deployed 75%, 25%" in lines[2] and str(out / "eval.json") in lines[-1]
+    assert cli.main([*TRAIN, "--output", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == EVAL

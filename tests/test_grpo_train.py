@@ -46,8 +46,9 @@ def _subprocess_env() -> dict:
 
 def _train_in_subprocess(launcher: list[str], output: Path, *extra: str) -> subprocess.CompletedProcess:
     """``python <launcher> -m mcpg.grpo train`` of tiny-random with removal credit into ``output``,
-    in a fresh process (:func:`_subprocess_env`)."""
-    cmd = [sys.executable, *launcher, "-m", "mcpg.grpo", "train", "--config", "tiny-random",
+    in a fresh process (:func:`_subprocess_env`); with ``--resume``, the run's own config."""
+    config = [] if "--resume" in extra else ["--config", "tiny-random"]  # a resumed run has its own
+    cmd = [sys.executable, *launcher, "-m", "mcpg.grpo", "train", *config,
            "--signal", "removal", "--output", str(output), *extra, "--no-progress"]
     # generous timeout: a loaded 2-core machine is many times slower than an idle one
     return subprocess.run(cmd, env=_subprocess_env(), capture_output=True, text=True, timeout=1800)
@@ -111,7 +112,7 @@ def test_train_and_evaluate_end_to_end(tmp_path, capsys, signal):
     assert "base_accuracy" in ev and len(ev["agent_accuracy"]) == 3
     capsys.readouterr()
     # `evaluate --run` reloads the saved weights and reproduces the evaluation
-    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 0
+    assert main(["evaluate", "--run", str(run), "--no-progress", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert {k: again[k] for k in EVAL_KEYS} == {k: ev[k] for k in EVAL_KEYS}
 
@@ -264,9 +265,7 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run = tmp_path / "ddp"
-    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = _train_in_subprocess(launch, run, "--updates", "2")
+    proc = _train_in_subprocess(_launch_two(), run, "--updates", "2", "--json")
     # on failure: whether the run had finished (eval.json) and both ends of stderr, so that an
     # abort in a collective can be told from one at exit
     files = sorted(p.name for p in run.iterdir()) if run.is_dir() else []
@@ -277,6 +276,42 @@ def test_two_cpu_processes_data_parallel(tmp_path):
     ev = json.loads((run / "eval.json").read_text())
     assert ev["n"] == 4 and ev["updates"] == 2
     assert json.loads(proc.stdout)["n"] == 4  # one report, from the main process
+
+
+def _launch_two() -> list[str]:
+    return ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def test_data_parallel_update_equals_the_single_process_update(tmp_path):
+    """The module's claim: with the loss normalised by global token counts and the gradients summed
+    across processes, two processes that each hold half of a rollout make the same update as one
+    process holding all of it: the same losses, gradients (after per-agent clipping), adapter
+    weights after the AdamW step, and router (fitted on the gathered slates). Float sums differ in
+    order only, so they agree to rounding (rtol 1e-5); a loss normalised by each process's own
+    counts, or gradients not summed, would miss by far more (halved or doubled terms)."""
+    pytest.importorskip("accelerate")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    script = str(Path(__file__).parent / "dp_actor_update.py")
+    for launcher in ([], _launch_two()):
+        proc = subprocess.run([sys.executable, *launcher, script, str(tmp_path)], env=_subprocess_env(),
+                              capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-2500:]
+    one, two = torch.load(tmp_path / "1.pt"), torch.load(tmp_path / "2.pt")
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5, atol=1e-8)
+    assert any(abs(x) > 1e-4 for x in one["losses"])  # the update did something
+    assert one["grads"].keys() == two["grads"].keys() == one["weights"].keys() and len(one["grads"]) > 0
+    for k in one["grads"]:  # the sums that make the update: to rounding
+        torch.testing.assert_close(two["grads"][k], one["grads"][k], rtol=1e-5, atol=1e-8, msg=k)
+    assert any(float(g.abs().max()) > 1e-4 for g in one["grads"].values())
+    # AdamW's first step moves each weight by lr * g / (|g| + eps): where |g| is near eps (1e-8)
+    # rounding in g shows in the step: the weights agree to 5e-6, a ten-thousandth of lr = 0.05
+    for k in one["weights"]:
+        torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=0, atol=5e-6, msg=k)
+    assert two["router_loss"] == pytest.approx(one["router_loss"], rel=1e-5)
+    for k in one["router"]:
+        torch.testing.assert_close(two["router"][k], one["router"][k], rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------
@@ -497,7 +532,7 @@ def test_exact_budget_resumes_as_uninterrupted(tmp_path, some_rewards):
     train("tiny-random", "removal", full, **kw)
     assert train("tiny-random", "removal", cut, stop_after=2, **kw) is None
     assert (cut / "checkpoint" / "budget_rank0.json").exists()
-    train("tiny-random", "removal", cut, resume=True)
+    train(None, "removal", cut, resume=True)  # the run's own config (exact_budget 0.5)
     assert _metrics(cut) == _metrics(full)
 
 

@@ -15,8 +15,10 @@ from mcpg.grpo.gsm8k import (
     committed_answer,
     extract_answer,
     gold_answer,
+    gsm8k_source,
     is_correct,
     load_gsm8k,
+    problems_sha256,
     question_specialty,
     reward,
 )
@@ -153,6 +155,40 @@ def test_load_rejects_bad_rows(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(ValueError, match="answer"):
         load_gsm8k("train", data_dir=tmp_path)
+
+
+def test_a_bad_line_is_named_by_file_and_line(tmp_path):
+    good = (FIXTURE / "test.jsonl").read_text().splitlines()
+    lines = [good[i % len(good)] for i in range(45)]
+    for i, bad, words in [
+        (40, '{"question": "a\tb", "answer": "#### 1"}', ["line 41, column", "not valid JSON"]),
+        (2, '["question", "answer"]', ["line 3:", "'question' and 'answer'"]),
+        (9, json.dumps({"question": "q", "answer": "no marker"}), ["line 10:", "####"]),
+    ]:
+        rows = list(lines)
+        rows[i] = bad
+        (tmp_path / "test.jsonl").write_text("\n".join(rows) + "\n")
+        with pytest.raises(ValueError) as err:
+            load_gsm8k("test", data_dir=tmp_path)
+        assert str(err.value).startswith(f"{tmp_path / 'test.jsonl'}, ")
+        assert all(w in str(err.value) for w in words), str(err.value)
+    (tmp_path / "test.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no problems"):
+        load_gsm8k("test", data_dir=tmp_path)
+
+
+def test_problems_sha256_names_the_problems_in_their_order(monkeypatch):
+    rows = load_gsm8k("test", data_dir=FIXTURE)
+    digest = problems_sha256(rows)
+    assert len(digest) == 64 and digest == problems_sha256([dict(r) for r in rows])
+    assert problems_sha256(rows[::-1]) != digest  # the order counts (pairing per problem)
+    changed = [dict(rows[0], question=rows[0]["question"] + " "), *rows[1:]]
+    assert problems_sha256(changed) != digest
+    assert problems_sha256([dict(r, gold=0.0) for r in rows]) == digest  # read off question and answer
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+    assert gsm8k_source() == str(FIXTURE.resolve()) == gsm8k_source(str(FIXTURE))
+    monkeypatch.delenv("MCPG_GSM8K_DIR")
+    assert gsm8k_source() == "hub:openai/gsm8k/main"
 
 
 @pytest.mark.skipif(not os.environ.get("MCPG_GSM8K_DIR"), reason="MCPG_GSM8K_DIR not set (real GSM8K files)")

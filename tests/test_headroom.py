@@ -95,7 +95,11 @@ def test_gsm8k_measure_tiny_random(tmp_path):
     cut = tmp_path / "cut"
     gm.main([*common, "--output", str(cut), "--max-batches", "1"])
     assert len(_rows(cut / "arith_greedy.jsonl")) == 4 and not (cut / "greedy.jsonl").exists()
+    legacy = json.loads((cut / "PROVENANCE.json").read_text())
+    (cut / "PROVENANCE.json").rename(cut / "provenance.json")  # as recordings before issue 60 named it
     gm.main([*common, "--output", str(cut)])
+    assert not (cut / "provenance.json").exists()  # read, continued, and written under the one name
+    assert json.loads((cut / "PROVENANCE.json").read_text())["sessions"][0] == legacy["sessions"][0]
     seq = tmp_path / "seq"  # the phases one after another: the same rows
     gm.main([*common, "--output", str(seq), "--schedule", "sequential"])
     for phase in gm.PHASES:
@@ -116,6 +120,11 @@ def test_gsm8k_measure_tiny_random(tmp_path):
     assert summary["gsm8k"]["samples"]["no_right_share_m8"] == {}  # n = 4 < 8: not defined
     prov = summary["provenance"]
     assert prov["complete"] == {p: True for p in gm.PHASES} and prov["model"] == "tiny-random"
+    # written by the library's one writer, under its one name, with the imported code's origin
+    from mcpg.grpo.provenance import code_origin, read_provenance
+
+    assert (one / "PROVENANCE.json").is_file() and not (one / "provenance.json").exists()
+    assert read_provenance(one)["commit"] == code_origin()["commit"] == prov["code"]["commit"]
     assert prov["generation_time"]["greedy"]["batches"] == 1
     # a budget added after the recording is read off the recorded token ids: the same rows as
     # a recording made with it from the start

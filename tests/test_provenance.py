@@ -3,6 +3,7 @@ timings (and still records code that writes no provenance), and one reader for e
 committed under data/results."""
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,7 @@ def test_commit_state_is_dirty_for_tracked_changes_only(tmp_path):
 # --- the reader, on the committed files themselves ---------------------------------------------
 
 def _committed() -> list[Path]:
-    files = sorted(RESULTS.rglob("PROVENANCE.json")) + [RESULTS / "gsm8k" / "provenance.json"]
+    files = sorted(RESULTS.rglob("PROVENANCE.json"))
     assert len(files) > 60
     return files
 
@@ -186,7 +187,9 @@ def test_recorder_writes_the_grids_schema_for_old_and_new_code(tmp_path, monkeyp
     else:  # dfdbc84's train: the recorder's own commit state of --code, in the grid's schema
         assert list(prov) == list(schema)
         assert prov["commit"] == head and prov["dirty"] is False
-        assert set(prov["machine"]) == set(schema["machine"])
+        # the grid's machine fields, and the library versions recorded since (issue 60)
+        assert set(schema["machine"]) <= set(prov["machine"])
+        assert set(prov["machine"]) - set(schema["machine"]) <= set(pv.LIBRARIES)
     assert prov["updates_s"] == 4 and prov["seed"] == 3 and "--signal removal" in prov["command"]
     assert prov["overrides"] == {"scale_rewards": "group", "mask_truncated_completions": True}
     for f in rec.COPIED:
@@ -217,3 +220,84 @@ def test_scripts_use_the_library_provenance():
         text = f.read_text()
         assert '"rev-parse"' not in text and "from _provenance" not in text, f.name
     assert sys.modules.get("mcpg.grpo.provenance") is pv
+
+
+# --- which code ran: the imported package's own origin, and the libraries' versions ------------
+
+def test_code_origin_of_this_checkout_is_its_tree():
+    origin = pv.code_origin()
+    assert origin["source"] == "tree" and Path(origin["path"]) == ROOT
+    assert {k: origin[k] for k in ("commit", "dirty")} == pv.commit_state(ROOT) == pv.commit_state()
+    assert len(origin["sha256"]) == 64
+
+
+ORIGIN = "import json; from mcpg.grpo.provenance import code_origin; print(json.dumps(code_origin()))"
+
+
+@pytest.mark.parametrize("direct", [
+    {"url": "git+https://example.invalid/mcpg.git", "vcs_info": {"vcs": "git", "commit_id": "78f6ab0" * 5}},
+    {"url": "file:///somewhere/mcpg", "dir_info": {}},
+])
+def test_an_installed_copy_inside_a_checkout_records_its_own_origin(tmp_path, direct):
+    # a virtual environment inside a checkout holds a non-editable install: the record is the
+    # installer's (PEP 610 direct_url.json), not the HEAD of the checkout around it
+    checkout = _repo(tmp_path / "checkout")
+    head = _git(checkout, "rev-parse", "HEAD")
+    (checkout / ".gitignore").write_text("venv/\n")
+    site = checkout / "venv" / "site-packages"
+    shutil.copytree(ROOT / "src" / "mcpg", site / "mcpg", ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "mcpg-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mcpg\nVersion: 0.1.0\n")
+    (info / "direct_url.json").write_text(json.dumps(direct))
+    files = [p.relative_to(site).as_posix() for p in (site / "mcpg").rglob("*.py")]
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", ORIGIN], cwd=checkout, env=env, capture_output=True,
+                          text=True, check=True)
+    origin = json.loads(done.stdout)
+    assert origin["source"] == "installed" and origin["path"] == str(site / "mcpg")
+    assert origin["commit"] != head and origin["url"] == direct["url"]
+    if "vcs_info" in direct:
+        assert origin["commit"] == direct["vcs_info"]["commit_id"] and origin["dirty"] is False
+    else:  # installed from a folder: its commit is not known, and not guessed
+        assert origin["commit"] is None and origin["dirty"] is None
+    assert origin["sha256"] == pv.code_origin()["sha256"]  # the same files as this checkout's
+
+
+def test_machine_info_records_the_libraries_versions(monkeypatch):
+    from importlib import metadata
+
+    info = pv.machine_info()
+    assert set(pv.LIBRARIES) == {"torch", "transformers", "peft", "trl", "accelerate", "datasets"}
+    for name in pv.LIBRARIES:
+        assert name in info
+    assert info["torch"] == metadata.version("torch") and info["peft"] == metadata.version("peft")
+    real = metadata.version
+
+    def version(name):
+        if name == "trl":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    assert pv.machine_info()["trl"] is None  # absent: None, not left out
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_run_records_its_problems_code_and_libraries(tmp_path, monkeypatch):
+    from mcpg.grpo.gsm8k import load_gsm8k, problems_sha256
+    from mcpg.grpo.train import train
+
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+    run = tmp_path / "run"
+    train("tiny-random", "wta", run, updates=1, progress=False)
+    prov = json.loads((run / "PROVENANCE.json").read_text())
+    data = prov["data"]
+    assert data["source"] == str(FIXTURE.resolve()) and data["task"] == "gsm8k"
+    assert data["eval_sha256"] == problems_sha256(load_gsm8k("test", data_dir=FIXTURE))
+    assert data["eval_n"] == 4
+    assert data["train_sha256"] == problems_sha256(load_gsm8k("train", data_dir=FIXTURE))
+    assert prov["calls"][0]["data"] == data and prov["calls"][0]["call"] == "train"
+    assert prov["code"]["source"] == "tree" and prov["code"]["commit"] == prov["commit"]
+    assert all(prov["machine"][name] for name in pv.LIBRARIES)  # all installed here

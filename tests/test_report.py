@@ -37,7 +37,7 @@ def test_missing_tensorboard_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "tensorboard" else real(name, *a))
-    with pytest.raises(ImportError, match=r"mcpg\[tensorboard\]"):
+    with pytest.raises(ValueError, match=r"report_to.*mcpg\[tensorboard\]"):
         check_available(["tensorboard"])
     check_available([])  # nothing asked: nothing needed
     assert MetricsReport([], "/nonexistent", ["a"]).writer is None

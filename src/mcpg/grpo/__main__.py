@@ -1,17 +1,24 @@
 """Command line of the GRPO engine.
 
     python -m mcpg.grpo train --config NAME_OR_PATH --signal wta|removal|oracle --output DIR
-                              [--updates N] [--threads N] [--no-progress]
+                              [--updates N] [--threads N] [--progress | --no-progress] [--json]
     python -m mcpg.grpo train --signal wta|removal|oracle --output DIR --resume [--updates N] ...
-    python -m mcpg.grpo evaluate --run DIR [--threads N] [--no-progress]
+    python -m mcpg.grpo evaluate --run DIR [--threads N] [--progress | --no-progress] [--json]
 
 Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Several
 GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU processes:
 ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
 
-A mistake in the command (a missing or malformed config file, an --output that is a file,
-a --run that is not a run directory, a config key out of range) ends with one ``error:``
-line on stderr and exit status 2, not a traceback.
+A mistake in the command (a missing or malformed config file, an --output that is a file or
+holds something else, a --run that is not a finished run directory, a config key out of
+range, data that cannot be read, a model that is not there) ends with one ``error:`` line on
+stderr, naming the key or file and how to fix it, and exit status 2, not a traceback; the
+output directory is left as it was. Ctrl-C ends with one line saying how ``--resume``
+continues the run (exit status 130).
+
+Progress bars (tqdm) show while it runs when stderr is a terminal; ``--progress`` shows them
+anywhere, ``--no-progress`` nowhere. At the end it prints a summary of a few lines (the full
+evaluation is the run's eval.json; ``--json`` prints that instead).
 """
 
 from __future__ import annotations
@@ -104,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     threads_help = ("torch CPU threads (default: the config's 'threads', else torch's one per core); "
                     "1 is fastest when other programs share the cores, whose threads would otherwise "
                     "wait for one another at every operation")
+    progress_help = ("progress bars (tqdm) on rollouts, updates and evaluation (default: when stderr is a "
+                     "terminal); --no-progress: none, also none while the model loads")
+    json_help = "print the whole evaluation (eval.json) as JSON at the end, instead of a summary"
     t = sub.add_parser("train", help="train K routed LoRA agents with one credit signal",
                        description="Train K routed LoRA agents with one credit signal; write a run folder.",
                        epilog=EXAMPLES, formatter_class=fmt)
@@ -114,13 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")
     t.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     t.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
-    t.add_argument("--no-progress", action="store_true", help="no progress bars (also none while loading)")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=progress_help)
+    t.add_argument("--json", action="store_true", help=json_help)
     e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json",
-                       description="Evaluate a run's final weights (or checkpoint); rewrite eval.json.",
+                       description="Evaluate a finished run's final weights on its own held-out problems; "
+                                   "rewrite eval.json.",
                        epilog=EXAMPLES, formatter_class=fmt)
     e.add_argument("--run", required=True, help="run directory written by train")
     e.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
-    e.add_argument("--no-progress", action="store_true", help="no progress bars (also none while loading)")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=progress_help)
+    e.add_argument("--json", action="store_true", help=json_help)
     return parser
 
 
@@ -175,6 +188,54 @@ def _config_of_command(args) -> dict:
         raise UsageError(f"config file {path}: {err}")
 
 
+def show_progress(flag: bool | None, stream=None) -> bool:
+    """Progress bars: ``--progress`` / ``--no-progress`` when given, else whether ``stream``
+    (stderr, where tqdm writes) is a terminal."""
+    if flag is not None:
+        return flag
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def summary(result: dict, args) -> str:
+    """A few lines on the finished run or evaluation (the whole of it is in eval.json)."""
+    folder = args.output if args.command == "train" else args.run
+    lines = [f"{result.get('signal')} run in {folder}: {result.get('updates')} updates, evaluated on "
+             f"{result.get('n')} held-out problems"]
+
+    def num(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    initial = result.get("initial_accuracy")
+    lines.append(f"accuracy {num(result.get('accuracy'))}"
+                 + (f" (untrained pool {num(initial)})" if initial is not None else "")
+                 + f", frozen base model {num(result.get('base_accuracy'))}; oracle (some agent right) "
+                 f"{num(result.get('oracle'))}, regret {num(result.get('regret'))}")
+    agents = result.get("agent_accuracy") or []
+    shares = result.get("deployed_fraction") or []
+    if agents:
+        lines.append("agents' accuracy " + ", ".join(num(a) for a in agents)
+                     + "; deployed " + ", ".join(f"{s:.0%}" for s in shares))
+    lines.append(f"every measure: {Path(folder) / 'eval.json'} (--json prints it)")
+    return "\n".join(lines)
+
+
+def interrupted(args) -> str:
+    """The one line after Ctrl-C: how the run continues."""
+    if args.command == "evaluate":
+        return f"interrupted: {Path(args.run) / 'eval.json'} was not rewritten; run the command again"
+    out = Path(args.output)
+    if not (out / "config.json").is_file():
+        return f"interrupted before the run started; nothing was written to {out}"
+    from .train import _updates_done
+
+    return (f"interrupted; {out} keeps its checkpoint at update {_updates_done(out)}: continue the run with "
+            f"python -m mcpg.grpo train --signal {args.signal} --output {out} --resume")
+
+
 def _run(args) -> dict:
     cfg = _config_of_command(args)
     threads = args.threads or cfg.get("threads") or 0
@@ -185,12 +246,12 @@ def _run(args) -> dict:
         # threads wait for one another at the end of every operation, and the small matrix
         # products of a 135M model slow down many times over; fewer threads avoid that.
         torch.set_num_threads(threads)
-    if args.no_progress:
+    progress = show_progress(args.progress)
+    if not progress:
         hide_loading_progress()
     filter_known_warnings()
     from .train import evaluate_run, train
 
-    progress = False if args.no_progress else None
     if args.command == "evaluate":
         return evaluate_run(args.run, progress=progress)
     overrides = {"threads": args.threads} if args.threads and not args.resume else {}
@@ -205,20 +266,28 @@ def main(argv: list[str] | None = None) -> int:
         result = _run(args)
         ok = True
     except (UsageError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a directory without write permission
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"error: {where}{_one_line(err.strerror or err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"error: {interrupted(args)}", file=sys.stderr)
+        return 130
     finally:
         if "torch" in sys.modules:  # a run started: stop its process group before exiting
             from ._runtime import close_process_group
 
             close_process_group(wait=ok)
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch / torchrun: the main process reports
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2) if args.json else summary(result, args))
     return 0
+
+
+def _one_line(err) -> str:
+    """An error's message on one line (a library's message may hold several)."""
+    return " ".join(str(err).split())
 
 
 def _exit(code: int) -> None:

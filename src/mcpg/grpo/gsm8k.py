@@ -27,6 +27,7 @@ imported when the hub is actually used).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -46,6 +47,8 @@ __all__ = [
     "is_correct",
     "reward",
     "question_specialty",
+    "problems_sha256",
+    "gsm8k_source",
 ]
 
 GSM8K_DIR_ENV = "MCPG_GSM8K_DIR"
@@ -166,16 +169,45 @@ def reward(output, gold: float, truncated: bool = False) -> float:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    """The problems of a GSM8K jsonl file; a line that is not a problem is a ValueError naming
+    the file and the line (and, for broken JSON, the column)."""
     rows = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "question" not in row or "answer" not in row:
-                raise ValueError(f"{path}:{lineno} lacks the fields 'question' and 'answer'")
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {lineno}, column {err.colno}: not valid JSON ({err.msg}): "
+                                 "each line must be one JSON object with 'question' and 'answer'") from None
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str) \
+                    or not isinstance(row.get("answer"), str):
+                raise ValueError(f"{path}, line {lineno}: needs the text fields 'question' and 'answer' "
+                                 "(the GSM8K release format)")
+            try:
+                gold_answer(row["answer"])
+            except ValueError as err:
+                raise ValueError(f"{path}, line {lineno}: {err}") from None
             rows.append({"question": row["question"], "answer": row["answer"]})
+    if not rows:
+        raise ValueError(f"{path} holds no problems: give one JSON object per line with 'question' and "
+                         "'answer' (the GSM8K release format)")
     return rows
+
+
+def problems_sha256(rows: list[dict]) -> str:
+    """SHA-256 of a list of problems, in order: of the JSON list of their ``[question, answer]``
+    (UTF-8, no spaces). Two runs read the same problems exactly when their digests agree."""
+    text = json.dumps([[r["question"], r["answer"]] for r in rows], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def gsm8k_source(data_dir: str | os.PathLike | None = None) -> str:
+    """Where :func:`load_gsm8k` reads from: the absolute path of the local folder (``data_dir``,
+    else ``$MCPG_GSM8K_DIR``), or ``hub:openai/gsm8k/main``."""
+    folder = data_dir if data_dir is not None else os.environ.get(GSM8K_DIR_ENV)
+    return str(Path(folder).resolve()) if folder else "hub:openai/gsm8k/main"
 
 
 def load_gsm8k(

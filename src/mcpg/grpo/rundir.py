@@ -5,7 +5,8 @@ Files (written by :func:`mcpg.grpo.train.train` through :class:`RunWriter`; ``sc
 writes through it too)::
 
     config.json          the resolved config, the signal, where the model came from, processes
-    PROVENANCE.json      commit, dirty, machine, command of each call (mcpg.grpo.provenance)
+    PROVENANCE.json      commit, dirty, code origin, machine, command of each call; the problems read
+                         (source, SHA-256) (mcpg.grpo.provenance)
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one row per update: METRICS_KEYS (meanings: mcpg.grpo.train's table)
     slates.jsonl         one row per update: "update" and SLATE_KEYS (+ SLATE_BUDGET_KEYS with an

@@ -37,7 +37,9 @@ the frozen base model's greedy accuracy as the single-agent reference.
 Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`)::
 
     config.json          the resolved config, the signal, where the model came from
-    PROVENANCE.json      commit, dirty, machine, command; one entry per call (mcpg.grpo.provenance)
+    PROVENANCE.json      commit, dirty, code origin, machine and library versions, command; the
+                         problems read (source, SHA-256); one entry per call, evaluations too
+                         (mcpg.grpo.provenance)
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
     metrics.jsonl        one JSON row per update
     slates.jsonl         one JSON row per update: the logged slates (R, I, G, p, P, mu_hat, score,
@@ -131,6 +133,12 @@ key                             meaning
 ``--resume`` continues from ``checkpoint/``; on a CPU with the same seed it ends with
 the same metrics as a run that was never interrupted (tests/test_grpo_train.py).
 
+A run directory belongs to one run: a new run goes into a new or empty directory; ``--resume``
+continues with the run's own config.json (a config given with it must agree with it), on the
+problems whose SHA-256 the run recorded, and never to fewer updates than its checkpoint holds;
+``evaluate`` reads a finished run's final weights on the same problems. Each refusal is a
+ValueError, raised before the directory is touched (tests/test_grpo_bad_input.py).
+
 Several GPUs (data parallel): ``accelerate launch --num_processes N -m mcpg.grpo train ...``.
 Each process takes every N-th problem of each rollout (``prompts_per_update`` must be a
 multiple of N) and its own share of the evaluation problems; the actor loss is normalised
@@ -165,9 +173,17 @@ from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
 from .configs import resolve_config, saved_config
-from .gsm8k import is_correct, load_gsm8k, question_specialty, reward
+from .gsm8k import (
+    GSM8K_DIR_ENV,
+    gsm8k_source,
+    is_correct,
+    load_gsm8k,
+    problems_sha256,
+    question_specialty,
+    reward,
+)
 from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
-from .provenance import start_run
+from .provenance import add_call, start_run
 from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 from .slates import Slates
@@ -177,18 +193,97 @@ __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy"]
 
 def _load_split(cfg: dict, split: str) -> list[dict]:
     """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
-    or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``)."""
-    n = cfg["train_problems" if split == "train" else "eval_problems"]
+    or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``). A split
+    too small for the config is a ValueError naming the config key and the data's source."""
+    key = "train_problems" if split == "train" else "eval_problems"
+    n = cfg[key]
     if cfg["task"] == "gsm8k":
+        source = gsm8k_source(cfg["data_dir"])
+        if n is not None:
+            whole = load_gsm8k(split, data_dir=cfg["data_dir"])
+            if n > len(whole):
+                raise ValueError(f"config key {key!r} ({n}) exceeds the {len(whole)} problems of GSM8K's "
+                                 f"{split} split in {source}: give {key} at most {len(whole)}, "
+                                 "or null for all")
         return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
     from .arithmetic import task_split
 
     rows = task_split("train" if split == "train" else "test")
     if n is not None:
         if n > len(rows):
-            raise ValueError(f"n={n} exceeds the {len(rows)} problems of the arithmetic task's {split} split")
+            raise ValueError(f"config key {key!r} ({n}) exceeds the {len(rows)} problems of the arithmetic "
+                             f"task's {split} split: give {key} at most {len(rows)}, or null for all")
         rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
     return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
+
+
+def data_source(cfg) -> str:
+    """Where the config's problems come from: a GSM8K folder's absolute path, the hub dataset,
+    or the arithmetic task generated in memory."""
+    if cfg["task"] == "gsm8k":
+        return gsm8k_source(cfg["data_dir"])
+    return "mcpg.grpo.arithmetic (generated in memory)"
+
+
+def data_record(cfg, train_set: list[dict] | None, eval_set: list[dict]) -> dict:
+    """What a run records of its problems (``PROVENANCE.json``'s ``data``): the task, the source
+    (:func:`data_source`), and for each split the number of problems and their SHA-256
+    (:func:`mcpg.grpo.gsm8k.problems_sha256`, in the order used). ``train_set`` None: not read."""
+    rec = {"task": cfg["task"], "source": data_source(cfg)}
+    if train_set is not None:
+        rec.update(train_n=len(train_set), train_sha256=problems_sha256(train_set))
+    rec.update(eval_n=len(eval_set), eval_sha256=problems_sha256(eval_set))
+    return rec
+
+
+def load_problems(cfg, load_train: bool = True) -> tuple[list[dict] | None, list[dict]]:
+    """The config's problems, ``(train, eval)`` (train None unless ``load_train``): what
+    :class:`Engine` trains and evaluates on, read before any model loads."""
+    return (_load_split(cfg, "train") if load_train else None), _load_split(cfg, "test")
+
+
+def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) -> None:
+    """Refuse ``now`` (a :func:`data_record`) when its problems differ from the ones ``recorded``
+    in the run's ``PROVENANCE.json``. A run recorded before that record is checked on what it
+    has: the number of held-out problems its evaluations (initial_eval.json, eval.json) hold."""
+    if not recorded:
+        for name in (rundir.INITIAL_EVAL, rundir.EVAL):
+            path = run / name
+            n = json.loads(path.read_text()).get("n") if path.is_file() else None
+            if n is not None and n != now["eval_n"]:
+                raise ValueError(f"{what}: {now['source']} gives {now['eval_n']} held-out problems, run "
+                                 f"{run} was evaluated on {n} ({name}): read the problems the run used")
+        return
+    for split in ("train", "eval"):
+        key = f"{split}_sha256"
+        if key in recorded and key in now and recorded[key] != now[key]:
+            words = "training" if split == "train" else "held-out"
+            source = recorded.get("source")
+            hint = (f"point config key data_dir or ${GSM8K_DIR_ENV} at {source}"
+                    if str(source).startswith("/") else f"read them from {source}")
+            raise ValueError(
+                f"{what}: the {words} problems read from {now['source']} (SHA-256 {now[key][:12]}...) "
+                f"differ from the ones run {run} used ({source}, SHA-256 {recorded[key][:12]}...): {hint}")
+
+
+def check_model_spec(spec: str) -> None:
+    """Refuse, before anything loads, a config key ``model`` that names a local path which is not
+    a model folder: a missing folder (which the hub would read as a malformed repo id) or one
+    without ``config.json`` (an empty folder). Hub ids (``org/name``) and the named models pass."""
+    if spec in ("tiny-random", "smollm2-135m"):
+        return
+    path = Path(spec).expanduser()
+    looks_local = path.is_absolute() or spec.startswith((".", "~")) or spec.count("/") != 1 or path.exists()
+    if not looks_local:
+        return  # a hub id, org/name
+    if not path.exists():
+        raise ValueError(f"config key 'model': {spec} does not exist; give a model folder (with "
+                         "config.json), a hub id (org/name) or 'tiny-random'")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        has_gguf = path.is_dir() and any(path.glob("*.gguf"))
+        raise ValueError(f"config key 'model': {spec} is not a model folder (it has no config.json"
+                         f"{'; a GGUF file needs the named model smollm2-135m' if has_gguf else ''}); "
+                         "give a folder saved by save_pretrained, or a hub id")
 
 
 def leverage_proxy(sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
@@ -222,7 +317,10 @@ class Engine:
     :meth:`update` performs one update; :meth:`evaluate` the held-out evaluation.
     """
 
-    def __init__(self, cfg: dict, signal: str, dist: Dist | None = None, load_train: bool = True):
+    def __init__(self, cfg: dict, signal: str, dist: Dist | None = None, load_train: bool = True,
+                 data: tuple[list[dict] | None, list[dict]] | None = None):
+        """``data``: the problems, ``(train, eval)``, already read (:func:`load_problems`);
+        by default they are read here, before the model loads."""
         from .models import load_base
 
         if signal not in SIGNALS:
@@ -253,8 +351,9 @@ class Engine:
         self._leverage_rule = bool(self.budget is not None and cfg["exact_budget"] > 0
                                    and cfg["allocation"] == "leverage")
 
-        self.train_set = _load_split(cfg, "train") if load_train else []
-        self.eval_set = _load_split(cfg, "test")
+        if data is None:
+            data = load_problems(cfg, load_train)
+        self.train_set, self.eval_set = (data[0] if load_train else None) or [], data[1]
         if load_train and cfg["prompts_per_update"] > len(self.train_set):
             raise ValueError(
                 f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
@@ -266,9 +365,14 @@ class Engine:
                 f"of the number of processes ({self.dist.world})"
             )
 
-        model, tok, self.model_source = load_base(
-            cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device), seed=seed
-        )
+        check_model_spec(cfg["model"])
+        try:
+            model, tok, self.model_source = load_base(
+                cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device), seed=seed
+            )
+        except (OSError, ValueError) as err:  # the hub's or a loader's words, on one line
+            first = " ".join(str(err).split())[:300]
+            raise ValueError(f"config key 'model' ({cfg['model']!r}) could not be loaded: {first}") from err
         self.agents = [AgentSpec(**a) for a in cfg["agents"]]
         self.K = len(self.agents)
         self.pool = AgentPool(
@@ -770,8 +874,73 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
 # ------------------------------------------------------------------------------------------
 # the loop and the run directory
 # ------------------------------------------------------------------------------------------
+RUN_FILES = (rundir.CONFIG, rundir.PROVENANCE, rundir.INITIAL_EVAL, rundir.METRICS, rundir.SLATES,
+             rundir.EVAL, rundir.ADAPTERS, rundir.ROUTER, rundir.CHECKPOINT, rundir.CHECKPOINT + ".tmp",
+             rundir.CHECKPOINT + ".old", "tensorboard")
+"""What a run writes into its directory: a new run refuses a directory holding any of them."""
+
+RUNTIME_KEYS = ("threads", "progress")
+"""Config keys that change how a run is shown or scheduled, never its numbers: a config given
+with ``resume`` may differ from the run's in these."""
+
+
+def _check_new_output(out: Path) -> None:
+    """A new run writes into a new or empty directory: one that holds anything (another run's
+    files, or files of its own) is refused, naming what it holds."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"output {out} is an existing file; give a directory (new, or a run to resume)")
+    held = sorted(p.name for p in out.iterdir())
+    if not held:
+        return
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    if any(name in RUN_FILES for name in held):
+        how = ("continue it with resume=True (--resume)" if (out / rundir.CONFIG).exists()
+               else "remove what is left of it")
+        raise ValueError(f"output {out} already holds a run ({shown}): {how}, or write this run to a new "
+                         "output directory")
+    raise ValueError(f"output {out} is not empty ({shown}): write the run to a new or empty directory")
+
+
+def _updates_done(out: Path) -> int:
+    """Updates in a run directory's checkpoint (0 without one): what resuming continues from."""
+    for name in (rundir.CHECKPOINT, rundir.CHECKPOINT + ".old"):
+        state = out / name / "state.json"
+        if state.is_file():
+            return int(json.loads(state.read_text())["step"])
+    return 0
+
+
+def _check_resumed_config(given, saved_raw: dict, saved, updates: int | None) -> None:
+    """A config given with ``resume`` must be the run's own: every key the run's config.json
+    holds must agree, apart from :data:`RUNTIME_KEYS` and, with ``updates`` given, ``updates``."""
+    differ = []
+    for key in saved:
+        if key in RUNTIME_KEYS or key not in saved_raw or (key == "updates" and updates is not None):
+            continue
+        if given[key] != saved[key]:
+            differ.append(f"{key} ({saved[key]!r} in the run, {given[key]!r} given)")
+    if differ:
+        more = any(d.startswith("updates ") for d in differ)
+        hint = "; to run more updates pass updates (--updates)" if more else ""
+        raise ValueError(f"the config given with resume differs from the run's config.json in "
+                         f"{'; '.join(differ[:4])}{' and more' if len(differ) > 4 else ''}: resume without a "
+                         f"config (the run's own is used), or start a new run in a new output{hint}")
+
+
+def _recorded_data(run: Path) -> dict | None:
+    path = run / rundir.PROVENANCE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("data")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
 def train(
-    config: str | dict,
+    config: str | dict | None,
     signal: str,
     output: str | os.PathLike,
     updates: int | None = None,
@@ -784,21 +953,27 @@ def train(
 
     Args:
         config: a named config (``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``), a JSON
-            file, or a dict (see :mod:`mcpg.grpo.configs`). Ignored on ``resume``, which uses
-            the run directory's ``config.json``.
+            file, or a dict (see :mod:`mcpg.grpo.configs`). On ``resume`` it may be None (the
+            run's ``config.json`` is used); one that is given is checked against it.
         signal: ``wta``, ``removal`` or ``oracle``.
-        output: the run directory.
-        updates: total number of updates (overrides the config; on resume, extends the run).
-        resume: continue from ``output/checkpoint``.
+        output: the run directory: new or empty, or a run to resume.
+        updates: total number of updates (overrides the config; on resume, extends or shortens
+            the run, never below the updates its checkpoint holds).
+        resume: continue from ``output/checkpoint``, on the problems the run recorded.
         stop_after: stop after this many updates of this call, before evaluating (simulates an
             interruption; the checkpoint is left as a crash would leave it). Returns None then.
         progress: tqdm bars (default: the config's ``progress``).
         **overrides: further config keys (not on resume).
+
+    Every mistake in the arguments, the config, the data or the output directory is a ValueError
+    raised before the directory is touched (and, where it can be told without it, before the
+    model loads).
     """
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
     out = Path(output)
-    cfg_path, ckpt = out / "config.json", out / "checkpoint"
+    cfg_path, ckpt = out / rundir.CONFIG, out / rundir.CHECKPOINT
+    recorded = None
     if resume:
         if not cfg_path.exists():
             raise ValueError(f"output {out} holds no run to resume (no config.json)")
@@ -808,18 +983,30 @@ def train(
         if overrides:
             raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
         cfg = saved_config(saved["config"])
+        if config is not None:
+            _check_resumed_config(resolve_config(config), saved["config"], cfg, updates)
+        done = _updates_done(out)
         if updates is not None:
+            if int(updates) < done:
+                raise ValueError(f"updates={updates} is below the {done} updates run {out} has done: give "
+                                 f"{done} or more (--updates), or none to keep its {cfg['updates']}")
             cfg = cfg.replace(updates=int(updates))
+        recorded = _recorded_data(out)
     else:
-        if ckpt.exists() or (out / "metrics.jsonl").exists():
-            raise ValueError(f"output {out} already holds a run: pass resume=True (--resume) or a new output")
+        if config is None:
+            raise ValueError("a new run needs a config (--config): a named config or a JSON file")
+        _check_new_output(out)
         cfg = resolve_config(config, **overrides)
         if updates is not None:
             cfg = resolve_config(cfg, updates=int(updates))
     show = cfg["progress"] if progress is None else progress
     check_available(cfg["report_to"])  # before the model loads
+    check_model_spec(cfg["model"])
+    problems = load_problems(cfg)
+    data = data_record(cfg, *problems)
+    check_same_problems(recorded, data, out, "resume")
 
-    engine = Engine(cfg, signal)
+    engine = Engine(cfg, signal, data=problems)
     dist = engine.dist
     writer = RunWriter(out)
     if resume:
@@ -831,7 +1018,8 @@ def train(
             writer.truncate(engine.step)
     if dist.main:
         writer.config(cfg.to_dict(), signal, engine.model_source, dist.world)
-        start_run(out, resume=resume)  # PROVENANCE.json: commit, dirty, machine, command (per call)
+        # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
+        start_run(out, resume=resume, data=data)
     dist.barrier()
 
     from tqdm.auto import tqdm
@@ -900,30 +1088,39 @@ def _initial_keys(initial: dict | None) -> dict:
 
 
 def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
-    """Re-evaluate a run directory's final weights (or its checkpoint) and rewrite eval.json."""
+    """Re-evaluate a finished run directory's final weights on its own held-out problems and
+    rewrite eval.json; the call is added to its ``PROVENANCE.json``.
+
+    Refused, before the model loads and with the directory untouched: a run that has not
+    finished (no final weights: ``train --resume`` finishes it), and held-out problems whose
+    SHA-256 differs from the ones the run recorded (another ``data_dir`` or ``$MCPG_GSM8K_DIR``),
+    which would break eval.json's pairing with ``initial_correct``.
+    """
     run = Path(run)
-    if not (run / "config.json").exists():
+    if not (run / rundir.CONFIG).exists():
         raise ValueError(f"run {run} has no config.json")
-    saved = json.loads((run / "config.json").read_text())
+    saved = json.loads((run / rundir.CONFIG).read_text())
     cfg = saved_config(saved["config"])
-    engine = Engine(cfg, saved["signal"], load_train=False)
-    if (run / "adapters").is_dir() and (run / "router.safetensors").exists():
-        engine.pool.load_adapters(run / "adapters")
-        engine.router.load(run / "router.safetensors")
-        steps = None
-    elif (run / "checkpoint").is_dir():
-        engine.load_checkpoint(run / "checkpoint")
-        steps = engine.step
-    else:
-        raise ValueError(f"run {run} has neither final weights nor a checkpoint")
+    if not ((run / rundir.ADAPTERS).is_dir() and (run / rundir.ROUTER).exists()):
+        done = _updates_done(run)
+        raise ValueError(f"run {run} has not finished ({done} of {cfg['updates']} updates, no final "
+                         f"weights): finish it with python -m mcpg.grpo train --signal {saved['signal']} "
+                         f"--output {run} --resume, then evaluate it")
+    check_model_spec(cfg["model"])
+    problems = load_problems(cfg, load_train=False)
+    data = data_record(cfg, None, problems[1])
+    check_same_problems(_recorded_data(run), data, run, "evaluate")
+    engine = Engine(cfg, saved["signal"], load_train=False, data=problems)
+    engine.pool.load_adapters(run / rundir.ADAPTERS)
+    engine.router.load(run / rundir.ROUTER)
     show = cfg["progress"] if progress is None else progress
     result = engine.evaluate(progress=show)
-    if steps is None:
-        old = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
-        steps = old.get("updates")
-    init_path = run / "initial_eval.json"
+    old = json.loads((run / rundir.EVAL).read_text()) if (run / rundir.EVAL).exists() else {}
+    steps = old.get("updates", _updates_done(run) or None)
+    init_path = run / rundir.INITIAL_EVAL
     initial = json.loads(init_path.read_text()) if init_path.exists() else None
     result = {**result, **_initial_keys(initial), "signal": saved["signal"], "updates": steps}
     if engine.dist.main:
-        write_json(run / "eval.json", result)
+        write_json(run / rundir.EVAL, result)
+        add_call(run, "evaluate", wrote=rundir.EVAL, data=data)
     return result
