@@ -18,6 +18,8 @@ Known third-party warnings (the command line's, and one from TRL) are filtered b
 category and module in :func:`pytest_configure`; every other warning is reported.
 """
 
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 
@@ -74,3 +76,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+GSM8K_FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
+"""The tests' small GSM8K split (a few problems in GSM8K's own format)."""
+
+
+@pytest.fixture
+def gsm8k_fixture(monkeypatch):
+    """``MCPG_GSM8K_DIR`` set to :data:`GSM8K_FIXTURE`, so the engine reads no real data."""
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(GSM8K_FIXTURE))
+    return GSM8K_FIXTURE

@@ -1,7 +1,6 @@
 """The actor update's per-agent diagnostics (:data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`), each
 against its definition computed by hand on the same rollout of the tiny random model."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,13 +10,7 @@ from mcpg.grpo.configs import resolve_config
 from mcpg.grpo.objective import clipped_grpo_loss
 from mcpg.grpo.rundir import AGENT_DIAGNOSTICS
 
-FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def _gsm8k_fixture(monkeypatch):
-    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "gsm8k_fixture")
 
 
 def _engine(**overrides):

@@ -69,6 +69,24 @@ def _trl_logps(tr, b):
     return logps
 
 
+def _both_losses(trainer, b, old, loss_type, **extra):
+    """TRL's ``_compute_loss`` on batch ``b`` and ours (:func:`clipped_grpo_loss` with its
+    statistics) on the same log-probs, each with its gradient: (loss, grads, ours, stats,
+    grads_ours, kw)."""
+    trainer.model.zero_grad()
+    loss_trl = trainer._compute_loss(trainer.model, b)
+    loss_trl.backward()
+    grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    trainer.model.zero_grad()
+    kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
+              max_completion_length=trainer.max_completion_length)
+    ours, stats = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
+                                    return_stats=True, **kw, **extra)
+    ours.backward()
+    grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+    return loss_trl, grads_trl, ours, stats, grads_ours, kw
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo"])
 def test_clipped_loss_equals_trl(trainer, loss_type):
     b = _batch()
@@ -80,17 +98,7 @@ def test_clipped_loss_equals_trl(trainer, loss_type):
     b["old_per_token_logps"] = old
     trainer.loss_type = loss_type
     try:
-        trainer.model.zero_grad()
-        loss_trl = trainer._compute_loss(trainer.model, b)
-        loss_trl.backward()
-        grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
-        trainer.model.zero_grad()
-        kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
-                  max_completion_length=trainer.max_completion_length)
-        ours, stats = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
-                                        return_stats=True, **kw)
-        ours.backward()
-        grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        loss_trl, grads_trl, ours, stats, grads_ours, _ = _both_losses(trainer, b, old, loss_type)
     finally:
         trainer.loss_type = "dapo"
         trainer.model.zero_grad()
@@ -172,18 +180,8 @@ def test_kl_term_equals_trl(trainer, loss_type, bias_correction):
     trainer.loss_type, trainer.beta = loss_type, beta
     trainer.args.use_bias_correction_kl = bias_correction
     try:
-        trainer.model.zero_grad()
-        loss_trl = trainer._compute_loss(trainer.model, b)
-        loss_trl.backward()
-        grads_trl = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
-        trainer.model.zero_grad()
-        kw = dict(clip_eps=trainer.epsilon_low, clip_eps_high=trainer.epsilon_high, loss_type=loss_type,
-                  max_completion_length=trainer.max_completion_length)
-        ours, stats = clipped_grpo_loss(_trl_logps(trainer, b), old, b["advantages"], b["completion_mask"],
-                                        beta=beta, logp_ref=ref, use_bias_correction_kl=bias_correction,
-                                        return_stats=True, **kw)
-        ours.backward()
-        grads_ours = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        loss_trl, grads_trl, ours, stats, grads_ours, kw = _both_losses(
+            trainer, b, old, loss_type, beta=beta, logp_ref=ref, use_bias_correction_kl=bias_correction)
         trainer.model.zero_grad()
         without = clipped_grpo_loss(cur, old, b["advantages"], b["completion_mask"], **kw)
     finally:

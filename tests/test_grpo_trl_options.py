@@ -6,7 +6,6 @@ disables the adapter of a PEFT model), and the batch of ``"batch"`` is each agen
 """
 
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +14,7 @@ import torch
 from mcpg.grpo.configs import resolve_config
 from mcpg.grpo.objective import clipped_grpo_loss, group_advantages
 
-FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k"
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def _gsm8k_fixture(monkeypatch):
-    monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "gsm8k_fixture")
 
 
 def _trained_engine(**overrides):
