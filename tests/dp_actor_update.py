@@ -42,7 +42,7 @@ def main(out: str) -> None:
     adv[adv == 0] = 0.25
     mine = [b for b in range(len(questions))][rank::world]  # this process's problems
     rows = [b * K * m + j for b in mine for j in range(K * m)]
-    losses, _ = eng._actor_update(roll.rows(rows), adv[rows])
+    losses, _, _ = eng._actor_update(roll.rows(rows), adv[rows])  # losses, clip fraction, diagnostics
 
     # the router: the same slates' features, deployed candidates, rewards and propensities
     slates = Slates(len(mine), m, K)

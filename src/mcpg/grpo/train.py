@@ -591,8 +591,9 @@ class Engine:
         return self.dist.acc.gather(t.to(self.dist.device)).cpu()
 
     # -- the actor update --------------------------------------------------------------------
-    def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float]:
-        """Clipped GRPO loss on each agent's adapter; returns each agent's loss and the clip fraction.
+    def _actor_update(self, roll: Rollout, adv_rows: torch.Tensor) -> tuple[list[float], float, dict]:
+        """Clipped GRPO loss on each agent's adapter; returns each agent's loss, the clip fraction
+        and the per-agent diagnostics (:data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`).
 
         ``num_iterations`` optimizer steps (epochs) on the rollout, each over its micro-batches
         (``train_micro_batch`` rows): per micro-batch one log-probability pass
