@@ -89,7 +89,7 @@ def _distribution() -> tuple[object | None, dict | None]:
 
 def code_origin() -> dict:
     """Where the imported ``mcpg`` came from, as ``source``, ``path``, ``commit``, ``dirty``,
-    ``sha256`` (:func:`_package_sha256`) and, installed, ``url`` and ``version``.
+    ``sha256`` (a SHA-256 of the package's files) and, installed, ``url`` and ``version``.
 
     - ``installed``: the imported files are an installed distribution's own (``pip install .``,
       ``pip install git+...``): its ``direct_url.json`` (PEP 610) says where it came from; a git
@@ -195,7 +195,7 @@ def start_run(run: str | os.PathLike, resume: bool = False, what: str | None = N
     training call's (the code the run's remaining updates import); ``started`` is the first
     call's; ``calls`` lists every call (``call``: ``train``, ``resume`` or, by :func:`add_call`,
     ``evaluate``). ``data``: the problems the run reads (their source and SHA-256,
-    :func:`mcpg.grpo.train.data_record`), kept at the top level and in the call. A resumed run
+    ``mcpg.grpo.train.data_record``), kept at the top level and in the call. A resumed run
     whose directory holds no record (written by older code) starts its list with this call and
     says so in ``resume_note``."""
     path = Path(run) / FILE
