@@ -128,3 +128,18 @@ def test_follows_is_calibrated_on_unrelated_series():
 def test_follows_refuses_a_run_with_nothing_to_correlate():
     with pytest.raises(ValueError, match="spread"):
         escape.follows({"flat": _frame(np.zeros(12), np.linspace(0, 1, 12))})
+
+
+def test_escape_figure_draws_each_run_on_both_panels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rng = np.random.default_rng(5)
+    frames = {f"seed {k}": _frame(rng.normal(size=12), rng.random(12)) for k in range(3)}
+    fig = escape.escape_figure(frames, through=10)
+    left, right = fig.axes
+    assert len(left.lines) == 3 and all(len(line.get_xdata()) == 10 for line in left.lines)
+    points = [c.get_offsets() for c in right.collections]
+    assert len(points) == 3 and all(len(p) == 9 for p in points)  # t = 1..9 against c(t+1) - c(t)
+    f = frames["seed 0"].loc[:10]
+    assert np.allclose(points[0][:, 1], np.diff(f["cut"].to_numpy()))

@@ -14,7 +14,9 @@ completions rises after the updates where that mean is most negative.
   ``scale_rewards``), and the share of cut completions;
 - :func:`follows`: whether the cut share follows that mean, over several runs: the mean of the
   per-run Spearman correlations between ``a_fin(t)`` and ``c(t+1) - c(t)``, with a permutation
-  test that shuffles the updates within each run.
+  test that shuffles the updates within each run;
+- :func:`escape_figure`: both, drawn per run (the cut share by update; ``a_fin(t)`` against
+  the next update's change in it).
 
 Slates logged before the engine recorded each candidate's ``cut`` flag (the grid of record at
 ``dfdbc84``) cannot be read here: :func:`finish_advantages` says so.
@@ -29,7 +31,7 @@ from scipy.stats import rankdata, spearmanr
 from .objective import ADVANTAGE_EPS, group_advantages
 from .rundir import Run
 
-__all__ = ["slate_advantages", "finish_advantages", "follows"]
+__all__ = ["slate_advantages", "finish_advantages", "follows", "escape_figure"]
 
 
 def slate_advantages(score, m: int, scale_rewards: str, eps: float = ADVANTAGE_EPS) -> np.ndarray:
@@ -112,3 +114,27 @@ def follows(frames: dict, n_perm: int = 10_000, seed: int = 0, through: int | No
     shuffled /= len(xs)
     below = 1 + int((shuffled <= observed + 1e-12).sum())  # the observed arrangement counts
     return {"rho": observed, "per_run": per_run, "pairs": pairs, "p": below / (n_perm + 1)}
+
+
+def escape_figure(frames: dict, through: int | None = None, axes=None):
+    """H2 drawn, one colour per run (a frame of :func:`finish_advantages`, keyed by its label):
+    left, the cut share ``c(t)`` by update; right, ``a_fin(t)`` against ``c(t+1) - c(t)`` (H2
+    predicts the points of a run falling from left to right). Updates 1 to ``through`` or all.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2), constrained_layout=True)
+    left, right = axes
+    colors = plt.get_cmap("tab10")
+    for i, (name, f) in enumerate(frames.items()):
+        f = f.sort_index() if through is None else f.sort_index().loc[:through]
+        c = colors(i % 10)
+        left.plot(f.index, f["cut"], marker="o", ms=3, lw=1, color=c, label=str(name))
+        right.scatter(f["a_fin"].to_numpy()[:-1], np.diff(f["cut"].to_numpy()), s=14, color=c)
+    left.set(xlabel="update t", ylabel="share of completions cut, c(t)", ylim=(0, 1))
+    right.axhline(0, color="k", lw=0.6)
+    right.axvline(0, color="k", lw=0.6)
+    right.set(xlabel="ā_fin(t), hopeless groups", ylabel="c(t+1) − c(t)")
+    left.legend(fontsize=7, frameon=False)
+    return left.figure

@@ -1,0 +1,204 @@
+"""Chapter 8's hypotheses H1 to H4, each read by the rule stated before its runs.
+
+Chapter 8 asks why removal credit ends behind winner-take-all credit in its grid. Its box of
+hypotheses (section ``ch08-hypotheses``, committed before any of the runs it predicts) states
+for each one the measurement, the prediction and what refutes it. This module applies those
+rules to whatever has been recorded, and says "not read" while the runs a rule needs are
+missing, so that no reading is made on part of the data:
+
+- :func:`read_h1`, standardisation: centred removal - winner-take-all in deployed accuracy over
+  seeds 0 to 9 (:func:`mcpg.grpo.verdict.seed_verdict`);
+- :func:`read_h2`, the escape into cut answers: the mean advantage ``a_fin`` of the finished
+  completions in groups with no right candidate, over the first 12 updates of the standardised
+  removal replays (:func:`mcpg.grpo.escape.finish_advantages`), whether the cut share follows
+  it (:func:`mcpg.grpo.escape.follows`), and the contrast with the centred removal runs' cut
+  failures (:func:`mcpg.grpo.verdict.cut_failures`);
+- :func:`read_h3`, exact credit: the oracle against both signals on seeds 0 to 2, per scaling;
+- :func:`read_h4`, dropouts: the share of removal runs with an agent below 10 % held-out
+  accuracy, centred against standardised (:func:`mcpg.grpo.verdict.dropouts`);
+- :func:`read_hypotheses`: the four as one table, one row per reading.
+
+Every reading is a dict with ``hypothesis``, ``measurement`` (what was computed, with its
+numbers), ``reading`` (``supported``, ``refuted``, ``undecided``, ``consistent`` where the box
+names only what refutes, or ``not read``) and ``why`` (the rule that gave the reading).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .escape import finish_advantages, follows
+from .rundir import Run
+from .verdict import cut_failures, dropouts, seed_verdict
+
+__all__ = ["SEEDS", "ORACLE_SEEDS", "REPLAYED", "H1_PREDICTION", "read_h1", "read_h2", "read_h3",
+           "read_h4", "read_hypotheses"]
+
+SEEDS = tuple(range(10))
+"""The seeds of the grid of record (H1, the H2 contrast and H4 are read on all ten)."""
+ORACLE_SEEDS = (0, 1, 2)
+"""The oracle's seeds under each scaling (H3)."""
+REPLAYED = (0, 3, 6, 9)
+"""The standardised removal seeds replayed with each candidate's cut flag (H2): 3 collapsed and
+6 failed a cut measure, 0 and 9 were healthy."""
+H1_PREDICTION = 0.07
+"""The low end of chapter 7's simulated prediction for centred removal - winner-take-all."""
+UPDATES = 12
+"""The replayed updates (H2)."""
+
+
+def _bounds(mean, low, high) -> str:
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _seeds(runs: list[Run], arm: str) -> set[int]:
+    return {int(r.config.get("seed", 0)) for r in runs if r.arm == arm and r.eval is not None}
+
+
+def _missing(runs: list[Run], arms, seeds) -> list[str]:
+    """``arm seed k`` for each finished run that the rule needs and that is not there."""
+    return [f"{arm} seed {s}" for arm in arms for s in seeds if s not in _seeds(runs, arm)]
+
+
+def _not_read(h: str, measurement: str, missing: list[str]) -> dict:
+    return {"hypothesis": h, "measurement": measurement, "reading": "not read",
+            "why": f"{len(missing)} of its runs not recorded yet ({', '.join(missing[:3])}"
+                   f"{', ...' if len(missing) > 3 else ''})"}
+
+
+def read_h1(runs: list[Run], seeds=SEEDS, prediction: float = H1_PREDICTION) -> dict:
+    """H1: centred, removal - winner-take-all in deployed accuracy over ``seeds`` is >= 0.
+    Refuted if the interval lies below 0, supported if above; otherwise undecided, and the
+    reading says whether the interval also excludes chapter 7's ``prediction``."""
+    measurement = "centred removal − winner-take-all, deployed, over seeds 0 to 9"
+    missing = _missing(runs, ("wta-none", "removal-none"), seeds)
+    if missing:
+        return _not_read("H1", measurement, missing)
+    v = seed_verdict([r for r in runs if int(r.config.get("seed", 0)) in seeds], scaling="none")
+    d = v.loc["deployed"]
+    mean, low, high = float(d["mean"]), float(d["low"]), float(d["high"])
+    if high < 0:
+        reading, why = "refuted", "the interval lies below 0"
+    elif low > 0:
+        reading, why = "supported", "the interval lies above 0"
+    else:
+        reading = "undecided"
+        why = (f"the interval contains 0; it {'excludes' if high < prediction else 'contains'} "
+               f"chapter 7's +{prediction:.2f}")
+    return {"hypothesis": "H1", "measurement": f"{measurement}: {_bounds(mean, low, high)}",
+            "reading": reading, "why": why, "mean": mean, "low": low, "high": high, "n": int(d["n"])}
+
+
+def _pooled_fin(frames: dict) -> float:
+    """The mean advantage of every finished completion in a hopeless group, pooled over the
+    frames' updates (each update's mean weighted by its count)."""
+    num = sum(float((f["a_fin"].fillna(0) * f["n_fin"]).sum()) for f in frames.values())
+    den = sum(int(f["n_fin"].sum()) for f in frames.values())
+    return num / den if den else float("nan")
+
+
+def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED, updates: int = UPDATES,
+            n_perm: int = 10_000) -> list[dict]:
+    """H2 in three readings: H2a (``a_fin`` < 0 in the standardised removal replays; refuted if
+    it is >= 0 pooled over the replays, or in seed 3 or seed 6), H2b (the mean per-replay
+    Spearman of ``a_fin(t)`` against ``c(t+1) - c(t)`` is < 0: refuted if >= 0, supported if
+    < 0 with a permutation p < 0.05, else undecided) and the contrast (centred removal fails a
+    cut measure on fewer of ``seeds`` than standardised removal; refuted if as many or more)."""
+    out = []
+    have = {int(r.config.get("seed", 0)): r for r in replays if r.arm == "removal-group"}
+    missing = [f"removal-group replay seed {s}" for s in replayed
+               if s not in have or len(have[s].slates) < updates]
+    m_a = f"ā_fin over updates 1 to {updates} of the standardised removal replays (seeds " \
+          f"{', '.join(map(str, replayed))})"
+    m_b = "mean per-replay Spearman of ā_fin(t) against c(t+1) − c(t)"
+    if missing:
+        out += [_not_read("H2a", m_a, missing), _not_read("H2b", m_b, missing)]
+    else:
+        frames = {s: finish_advantages(have[s]).loc[:updates] for s in replayed}
+        pooled = _pooled_fin(frames)
+        each = {s: _pooled_fin({s: f}) for s, f in frames.items()}
+        bad = [f"seed {s}" for s in (3, 6) if s in each and each[s] >= 0]
+        text = ", ".join(f"seed {s} {each[s]:+.3f}" for s in replayed)
+        out.append({"hypothesis": "H2a", "measurement": f"{m_a}: pooled {pooled:+.3f} ({text})",
+                    "reading": "refuted" if pooled >= 0 or bad else "supported",
+                    "why": ("pooled ā_fin ≥ 0" if pooled >= 0 else f"ā_fin ≥ 0 in {' and '.join(bad)}"
+                            if bad else "ā_fin < 0 pooled and in seeds 3 and 6"),
+                    "pooled": pooled, **{f"seed {s}": v for s, v in each.items()}})
+        f = follows(frames, n_perm=n_perm, through=updates)
+        rho, p = f["rho"], f["p"]
+        reading = "refuted" if rho >= 0 else ("supported" if p < 0.05 else "undecided")
+        out.append({"hypothesis": "H2b", "measurement": f"{m_b}: {rho:+.2f} (permutation p = {p:.3f})",
+                    "reading": reading,
+                    "why": {"refuted": "the mean correlation is ≥ 0",
+                            "supported": "below 0 with p < 0.05",
+                            "undecided": "below 0 but p ≥ 0.05"}[reading], "rho": rho, "p": p})
+    m_c = "runs failing a cut measure, centred removal against standardised removal"
+    missing = _missing(runs, ("removal-none", "removal-group"), seeds)
+    if missing:
+        out.append(_not_read("H2 contrast", m_c, missing))
+    else:
+        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        n = {sc: int(cut_failures(chosen, scaling=sc, signals=("removal",))["removal"].sum())
+             for sc in ("none", "group")}
+        out.append({"hypothesis": "H2 contrast",
+                    "measurement": f"{m_c}: {n['none']} of {len(seeds)} against {n['group']} of {len(seeds)}",
+                    "reading": "refuted" if n["none"] >= n["group"] else "consistent",
+                    "why": "as many or more" if n["none"] >= n["group"] else
+                    "fewer (the box names only what refutes)",
+                    "centred": n["none"], "standardised": n["group"]})
+    return out
+
+
+def read_h3(runs: list[Run], seeds=ORACLE_SEEDS) -> list[dict]:
+    """H3 per scaling, on the oracle's ``seeds``: the contribution loses if oracle - wta lies
+    below 0; the estimate loses if oracle - removal lies above 0 and oracle - wta does not lie
+    below 0; otherwise undecided."""
+    out = []
+    for sc, name in (("group", "standardised"), ("none", "centred")):
+        h = f"H3 {name}"
+        measurement = f"oracle against both signals, deployed, seeds {', '.join(map(str, seeds))}"
+        missing = _missing(runs, (f"oracle-{sc}", f"wta-{sc}", f"removal-{sc}"), seeds)
+        if missing:
+            out.append(_not_read(h, measurement, missing))
+            continue
+        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        vw = seed_verdict(chosen, a="oracle", b="wta", scaling=sc).loc["deployed"]
+        vr = seed_verdict(chosen, a="oracle", b="removal", scaling=sc).loc["deployed"]
+        if vw["high"] < 0:
+            reading, why = "the contribution loses", "oracle − wta lies below 0"
+        elif vr["low"] > 0:
+            reading, why = "the estimate loses", "oracle − removal lies above 0, oracle − wta not below 0"
+        else:
+            reading, why = "undecided", "neither interval excludes 0 on its side"
+        out.append({"hypothesis": h, "reading": reading, "why": why,
+                    "measurement": f"{measurement}: oracle − wta {_bounds(*vw[['mean', 'low', 'high']])}, "
+                                   f"oracle − removal {_bounds(*vr[['mean', 'low', 'high']])}"})
+    return out
+
+
+def read_h4(runs: list[Run], seeds=SEEDS) -> dict:
+    """H4: the share of centred removal runs with a dropped-out agent is below standardised
+    removal's; refuted if it is as large or larger."""
+    measurement = "removal runs with an agent below 10 % held-out accuracy, centred against "\
+                  "standardised"
+    missing = _missing(runs, ("removal-none", "removal-group"), seeds)
+    if missing:
+        return _not_read("H4", measurement, missing)
+    d = dropouts([r for r in runs if int(r.config.get("seed", 0)) in seeds])
+    share = {sc: float((d.xs(f"removal-{sc}", level="arm")["dropped"] > 0).mean())
+             for sc in ("none", "group")}
+    n = len(seeds)
+    worse = share["none"] >= share["group"]
+    return {"hypothesis": "H4", "reading": "refuted" if worse else "consistent",
+            "measurement": f"{measurement}: {share['none'] * n:.0f} of {n} against "
+                           f"{share['group'] * n:.0f} of {n}",
+            "why": "as large or larger" if worse else "smaller (the box names only what refutes)",
+            "centred": share["none"], "standardised": share["group"]}
+
+
+def read_hypotheses(runs: list[Run], replays: list[Run] = (), n_perm: int = 10_000) -> pd.DataFrame:
+    """H1 to H4 read from ``runs`` (the grid of record, both scalings) and ``replays`` (the
+    standardised replays), one row per reading: measurement, reading and the rule's why."""
+    rows = [read_h1(runs), *read_h2(runs, list(replays), n_perm=n_perm), *read_h3(runs), read_h4(runs)]
+    return pd.DataFrame(rows).set_index("hypothesis")[["measurement", "reading", "why"]]
+

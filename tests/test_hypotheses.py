@@ -1,0 +1,128 @@
+"""Chapter 8's hypotheses read by their stated rules (mcpg.grpo.hypotheses), on built grids
+whose answer is known: each rule gives each of its readings on the grid made for it, and
+nothing is read while a run it needs is missing."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mcpg.grpo import hypotheses as hyp
+from mcpg.grpo.rundir import Run
+
+AGENTS = ["money", "time", "geometry"]
+
+
+def _run(arm, seed, deployed=0.5, agents=(0.4, 0.4, 0.4), cut=0.0, slates=()):
+    signal, _, scaling = arm.partition("-")
+    e = {"accuracy": deployed, "uniform_accuracy": float(np.mean(agents)), "best_of_k": 0.8,
+         "entropy": 0.5, "brier": 0.2, "specialization": 0.1, "regret": 0.1, "base_accuracy": 0.2,
+         "agent_accuracy": list(agents), "initial_agent_accuracy": [0.3] * 3,
+         "deployed_fraction": [1 / 3] * 3, "router_auc": 0.9, "truncated": cut}
+    metrics = pd.DataFrame({"update": range(1, 7), "truncated": [cut] * 6})
+    return Run(path=Path(f"/tmp/g/{arm}/seed{seed}"), signal=signal, agents=AGENTS, metrics=metrics,
+               config={"seed": seed, "scale_rewards": scaling, "completions_per_agent": 4},
+               eval=e, slates=list(slates))
+
+
+def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None):
+    """wta-{group,none} at 0.5 deployed; removal at 0.5 + diff[scaling][seed]; oracle likewise."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for sc in ("group", "none"):
+        for s in seeds:
+            runs.append(_run(f"wta-{sc}", s, 0.5 + 0.01 * rng.normal()))
+            d = (diff or {}).get(sc, lambda s: 0.0)(s)
+            agents = (0.05, 0.4, 0.4) if (dropped or {}).get((sc, s)) else (0.4, 0.4, 0.4)
+            runs.append(_run(f"removal-{sc}", s, runs[-1].eval["accuracy"] + d, agents,
+                             cut=(cut or {}).get((sc, s), 0.0)))
+            if s in hyp.ORACLE_SEEDS and oracle is not None:
+                runs.append(_run(f"oracle-{sc}", s, runs[-2].eval["accuracy"] + oracle(sc, s)))
+    return runs
+
+
+@pytest.mark.parametrize("shift, reading", [(-0.2, "refuted"), (0.2, "supported"), (0.0, "undecided")])
+def test_h1_reads_the_side_of_the_interval(shift, reading):
+    noise = np.random.default_rng(1).normal(0, 0.05, 10)
+    r = hyp.read_h1(_grid({"none": lambda s: shift + noise[s]}))
+    assert r["reading"] == reading and r["n"] == 10
+    assert (r["high"] < 0) == (reading == "refuted") and (r["low"] > 0) == (reading == "supported")
+    if reading == "undecided":  # the interval contains 0; whether it excludes +0.07 is said
+        assert ("excludes" in r["why"]) == (r["high"] < hyp.H1_PREDICTION)
+
+
+def test_nothing_is_read_while_a_run_is_missing():
+    runs = [r for r in _grid() if not (r.arm == "removal-none" and r.config["seed"] == 7)]
+    assert hyp.read_h1(runs)["reading"] == "not read"
+    assert "removal-none seed 7" in hyp.read_h1(runs)["why"]
+    assert hyp.read_h4(runs)["reading"] == "not read"
+    table = hyp.read_hypotheses(runs, replays=[])
+    assert table.loc["H2a", "reading"] == "not read" and table.loc["H2b", "reading"] == "not read"
+    assert table.loc["H2 contrast", "reading"] == "not read"
+
+
+def test_h2_contrast_and_h4_count_the_runs():
+    fails = {("group", s): 0.5 for s in (3, 4, 6, 7, 9)}
+    fewer = hyp.read_h2(_grid(cut={**fails, ("none", 3): 0.5}), [])[-1]
+    assert fewer["reading"] == "consistent" and (fewer["centred"], fewer["standardised"]) == (1, 5)
+    same = hyp.read_h2(_grid(cut={**fails, **{("none", s): 0.5 for s in range(5)}}), [])[-1]
+    assert same["reading"] == "refuted"
+    drops = {("group", s): True for s in (1, 2, 5)}
+    assert hyp.read_h4(_grid(dropped=drops))["reading"] == "consistent"
+    assert hyp.read_h4(_grid(dropped={**drops, ("none", 0): True, ("none", 1): True,
+                                      ("none", 2): True}))["reading"] == "refuted"
+
+
+def test_h3_names_the_loser_by_its_rule():
+    noise = np.random.default_rng(2).normal(0, 0.01, 10)
+    behind = hyp.read_h3(_grid(oracle=lambda sc, s: -0.3 + noise[s]))
+    assert [r["reading"] for r in behind] == ["the contribution loses"] * 2
+    # removal far behind winner-take-all, the oracle level with it: the estimate loses
+    est = hyp.read_h3(_grid({sc: (lambda s: -0.3 + noise[s]) for sc in ("group", "none")},
+                            oracle=lambda sc, s: noise[s]))
+    assert [r["reading"] for r in est] == ["the estimate loses"] * 2
+    level = hyp.read_h3(_grid(oracle=lambda sc, s: [0.1, -0.1, 0.0][s]))
+    assert [r["reading"] for r in level] == ["undecided"] * 2
+
+
+def _replay(seed, a_sign, rng, updates=12, m=4, K=3, B=2):
+    """A standardised removal replay whose hopeless group gives its finished completions a mean
+    advantage of sign ``a_sign`` (the cut ones score higher when it is negative)."""
+    slates = []
+    for t in range(1, updates + 1):
+        R = np.zeros((B * m, K))
+        R[m:, :][0, 0] = 1.0  # problem 1 has a right candidate; problem 0 none
+        cut = np.zeros((B * m, K), int)
+        cut[:2, :] = 1  # two of problem 0's four completions are cut, for every agent
+        cut[m:, :] = rng.random((m, K)) < 0.3  # and some of problem 1's: the cut share varies
+        score = rng.normal(0, 0.1, (B * m, K))
+        score[:2, :] -= a_sign * (0.5 + 0.1 * rng.random())
+        slates.append({"update": t, "R": R.tolist(), "score": score.tolist(), "cut": cut.tolist()})
+    return Run(path=Path(f"/tmp/r/removal-group/seed{seed}"), signal="removal", agents=AGENTS,
+               metrics=pd.DataFrame(), slates=slates,
+               config={"seed": seed, "scale_rewards": "group", "completions_per_agent": m})
+
+
+def test_h2a_reads_the_sign_of_the_finished_answers_advantage():
+    rng = np.random.default_rng(3)
+    neg = [_replay(s, -1, rng) for s in hyp.REPLAYED]
+    h2a = hyp.read_h2(_grid(), neg, n_perm=200)[0]
+    assert h2a["reading"] == "supported" and h2a["pooled"] < 0
+    # seed 3 alone positive refutes it even with the pooled mean below 0
+    mixed = [_replay(s, +1 if s == 3 else -1, rng) for s in hyp.REPLAYED]
+    h2a = hyp.read_h2(_grid(), mixed, n_perm=200)[0]
+    assert h2a["reading"] == "refuted" and "seed 3" in h2a["why"] and h2a["pooled"] < 0
+    short = [_replay(s, -1, rng, updates=11 if s == 9 else 12) for s in hyp.REPLAYED]
+    assert hyp.read_h2(_grid(), short, n_perm=200)[0]["reading"] == "not read"
+
+
+@pytest.mark.parametrize("rho, p, reading", [(-0.4, 0.01, "supported"), (-0.1, 0.3, "undecided"),
+                                             (0.0, 0.5, "refuted"), (0.3, 0.9, "refuted")])
+def test_h2b_reads_the_mean_correlation_and_its_permutation_p(monkeypatch, rho, p, reading):
+    rng = np.random.default_rng(4)
+    replays = [_replay(s, -1, rng) for s in hyp.REPLAYED]
+    real = hyp.read_h2(_grid(), replays, n_perm=200)[1]  # the measurement runs on these slates
+    assert real["hypothesis"] == "H2b" and real["reading"] != "not read" and -1 <= real["rho"] <= 1
+    monkeypatch.setattr(hyp, "follows", lambda frames, **kw: {"rho": rho, "p": p})
+    assert hyp.read_h2(_grid(), replays, n_perm=200)[1]["reading"] == reading
