@@ -9,8 +9,8 @@
 
 Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Every config
 key is an option too (``--learning_rate 1e-4 --max_completion_length 16``; ``train --help``
-lists them): a number, text, ``true``/``false`` (or ``--KEY`` / ``--no-KEY``), ``null`` (or
-``none``) where a number may be null, and JSON for ``agents``, ``report_to``,
+lists them): a number, text, ``true``/``false`` (or ``--KEY`` / ``--no-KEY``), ``null`` where
+a key may be null (``none`` too for a number), and JSON for ``agents``, ``report_to``,
 ``lora_target_modules`` and ``reward_weights``. An old key name (``--max_new_tokens``) still
 works, with a FutureWarning. With ``--resume`` a key must equal the run's, as a ``--config``
 must. ``--signal`` may be left out where the config (or, resumed, the run) has one. Reward
@@ -188,7 +188,7 @@ def _convert(option: str, key: str, raw: str):
     nullable = kind.endswith("?")
     base = kind.rstrip("?")
     said = f"--{option} {raw!r}"
-    if nullable and (raw == "null" or (base != "str" and raw.lower() == "none")):
+    if nullable and (raw == "null" if base == "str" else raw.lower() in ("null", "none")):
         return None
     if base == "bool":
         if raw.lower() in ("true", "1", "yes"):

@@ -32,11 +32,13 @@ completion" (TRL's meaning: the other functions' weighted rewards are its reward
 functions are summed with ``reward_weights`` (config key, TRL's name; each 1 by default).
 
 Refused, each with a one-line ValueError naming the function: a list of the wrong length, a
-value that is neither a number nor None, a completion that no function scores (TRL leaves such
-a completion out of its group; here every candidate's reward is the router's feedback and enters
-the removal credit), and a total reward outside [0, 1]: the router's outcome model
-``mu_hat = sigmoid(s)`` estimates the deployed candidate's expected reward, which needs rewards
-in [0, 1] (rescale the reward or its weights).
+value that is neither a number nor None (both checked before the model loads too, by one call on
+the first held-out row with an empty completion: :meth:`RewardScorer.probe`), a completion that
+no function scores (TRL leaves such a completion out of its group; here every candidate's reward
+is the router's feedback and enters the removal credit), and a total reward outside [0, 1]: the
+router's outcome model ``mu_hat = sigmoid(s)`` estimates the deployed candidate's expected
+reward, which needs rewards in [0, 1] (rescale the reward or its weights). An exception a
+function raises is its own, raised as it is.
 
 **Correct**, in the evaluation (``accuracy``, ``agent_accuracy``, ``oracle``, ``regret``, the
 router's AUC, the per-problem ``correct`` lists), means the full reward: a total reward of 1
@@ -250,40 +252,55 @@ class RewardScorer:
     def names(self) -> list[str]:
         return [reward_name(f) for f in self.funcs]
 
-    def __call__(self, problems: list[dict], completions: list[str], completion_ids: list[list[int]],
-                 step: int, max_steps: int) -> np.ndarray:
-        """The total reward of each completion, ``problems[r]`` being row r's problem, (N,)."""
-        n = len(completions)
+    def _values(self, f: Callable, problems: list[dict], completions: list[str],
+                completion_ids: list[list[int]], step: int, max_steps: int) -> list[float | None]:
+        """One function's rewards, called as TRL calls it, checked: one number or None per completion."""
+        n, name = len(completions), reward_name(f)
         cols: dict[str, list] = {}
         for r, p in enumerate(problems):
             for k, v in _columns(p).items():
                 cols.setdefault(k, [None] * n)[r] = v
         state = SimpleNamespace(global_step=step, max_steps=max_steps)
+        out = f(prompts=[p["question"] for p in problems], completions=list(completions),
+                completion_ids=completion_ids, trainer_state=state, **cols)
+        try:
+            values = list(out)
+        except TypeError:
+            raise ValueError(f"reward function {name} returned a {type(out).__name__}, not a list of "
+                             f"{n} rewards (one per completion)") from None
+        if len(values) != n:
+            raise ValueError(f"reward function {name} returned {len(values)} rewards for {n} "
+                             "completions: return one per completion")
+        for r, v in enumerate(values):
+            if v is None:
+                continue
+            if isinstance(v, (bool, np.bool_)):
+                v = float(v)
+            if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(float(v)):
+                raise ValueError(f"reward function {name} returned {v!r} for completion {r}: a reward is "
+                                 "a finite number (or None: no reward from this function)"[:300])
+            values[r] = float(v)
+        return values
+
+    def probe(self, problems: list[dict]) -> None:
+        """Call each function once on ``problems`` with empty completions, before any model loads, so
+        that one returning other than a number or None per completion is refused before the run
+        starts (what it returns is not used; an exception it raises is raised)."""
+        for f in self.funcs:
+            self._values(f, problems, [""] * len(problems), [[] for _ in problems], 0, 0)
+
+    def __call__(self, problems: list[dict], completions: list[str], completion_ids: list[list[int]],
+                 step: int, max_steps: int) -> np.ndarray:
+        """The total reward of each completion, ``problems[r]`` being row r's problem, (N,)."""
+        n = len(completions)
         weights = self.weights or [1.0] * len(self.funcs)
         total = np.zeros(n)
         scored = np.zeros(n, dtype=bool)
         for f, w in zip(self.funcs, weights):
-            name = reward_name(f)
-            out = f(prompts=[p["question"] for p in problems], completions=list(completions),
-                    completion_ids=completion_ids, trainer_state=state, **cols)
-            try:
-                values = list(out)
-            except TypeError:
-                raise ValueError(f"reward function {name} returned a {type(out).__name__}, not a list of "
-                                 f"{n} rewards (one per completion)") from None
-            if len(values) != n:
-                raise ValueError(f"reward function {name} returned {len(values)} rewards for {n} "
-                                 "completions: return one per completion")
-            for r, v in enumerate(values):
-                if v is None:
-                    continue
-                if isinstance(v, (bool, np.bool_)):
-                    v = float(v)
-                if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(float(v)):
-                    raise ValueError(f"reward function {name} returned {v!r} for completion {r}: a reward is "
-                                     "a finite number (or None: no reward from this function)"[:300])
-                total[r] += float(w) * float(v)
-                scored[r] = True
+            for r, v in enumerate(self._values(f, problems, completions, completion_ids, step, max_steps)):
+                if v is not None:
+                    total[r] += float(w) * v
+                    scored[r] = True
         if not scored.all():
             r = int(np.flatnonzero(~scored)[0])
             raise ValueError(f"no reward function scored completion {r} (every one returned None): each "

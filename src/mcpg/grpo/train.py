@@ -1165,6 +1165,8 @@ def train(
     problems = load_problems(cfg, task=task)
     data = data_record(cfg, *problems, task=task)
     check_same_problems(recorded, data, out, "resume")
+    if task.rewards is not None:
+        task.rewards.probe(problems[1][:1])  # what they return, checked before the model loads
 
     engine = Engine(cfg, signal, data=problems, rewards=task.rewards)
     dist = engine.dist
@@ -1278,6 +1280,8 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None, reward_fu
     problems = load_problems(cfg, load_train=False, task=task)
     data = data_record(cfg, None, problems[1], task=task)
     check_same_problems(_recorded_data(run), data, run, "evaluate")
+    if task.rewards is not None:
+        task.rewards.probe(problems[1][:1])
     engine = Engine(cfg, saved["signal"], load_train=False, data=problems, rewards=task.rewards)
     engine.pool.load_adapters(run / rundir.ADAPTERS)
     engine.router.load(run / rundir.ROUTER)
