@@ -384,7 +384,7 @@ def _signal_of(args) -> str | None:
 
 def _run(args) -> dict:
     cfg = _config_of_command(args)
-    threads = args.threads or cfg.get("threads") or 0
+    threads = args.threads or getattr(cfg, "threads", 0) or 0
     if threads:
         import torch
 

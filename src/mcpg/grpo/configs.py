@@ -87,7 +87,7 @@ class GRPOConfig(Mapping):
     dtype: str = "float32"
     """float32 | bfloat16 | float16 | auto (ModelConfig.dtype)."""
     device: str = "auto"
-    """auto (cuda when available) | cpu | cuda."""
+    """auto (cuda when available) | cpu | cuda (TRL's use_cpu=True is cpu)."""
     seed: int = 0
     """seeds sampling, routing draws, router init and LoRA init."""
     agents: list[dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENTS))
@@ -207,9 +207,10 @@ class GRPOConfig(Mapping):
     """write the resumable checkpoint every n updates, replacing the last (TRL's save_steps
     keeps a checkpoint folder per save and takes fractions of the run)."""
     progress: bool = True
-    """tqdm bars on rollouts, updates and evaluation; changes no number. Read when
-    :func:`mcpg.grpo.train.train` is called with ``progress=None``; the command line shows them
-    when stderr is a terminal instead (``--progress`` / ``--no-progress`` to choose)."""
+    """tqdm bars on rollouts, updates and evaluation; changes no number (TRL's disable_tqdm,
+    inverted). Read when :func:`mcpg.grpo.train.train` is called with ``progress=None``; the
+    command line shows them when stderr is a terminal instead (``--progress`` / ``--no-progress``
+    to choose)."""
     threads: int = 0
     """torch CPU threads the command line sets; 0 — torch's default (one per core)."""
     gradient_checkpointing: bool = True

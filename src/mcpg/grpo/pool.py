@@ -96,7 +96,7 @@ class RoutedPool:
         run = Path(run)
         if not (run / CONFIG).is_file():
             raise ValueError(f"{run} holds no {CONFIG}: not a run directory")
-        cfg = saved_config(json.loads((run / CONFIG).read_text())["config"])
+        cfg = saved_config(json.loads((run / CONFIG).read_text()))
         found = [w for w in (run, run / CHECKPOINT) if (w / ADAPTERS).is_dir() and (w / ROUTER).is_file()]
         weights = found[0] if found else None
         if weights is None:

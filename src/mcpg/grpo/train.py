@@ -7,7 +7,8 @@ One update, top to bottom (:func:`train`):
    g-th completions of the K agents form slate g.
 2. **Rewards.** ``R^(j) = 1`` when the answer candidate j commits to equals the gold answer:
    its ``#### <n>``, or its final number if it ended by itself; a completion cut at the
-   token budget without a marker earns 0 (:func:`mcpg.grpo.gsm8k.reward`).
+   token budget without a marker earns 0 (:func:`mcpg.grpo.gsm8k.reward`). Or your own reward
+   functions, on your own data, as TRL calls them (:mod:`mcpg.grpo.custom`).
 3. **Routing.** The current router scores every candidate (``s_j``), gives the propensities
    of Eq. (3) and the outcome estimates ``mu_hat_j = sigmoid(s_j)``; it draws the deployed
    candidate ``I ~ p`` and only ``G = R^(I)`` is fed back (filtered feedback).
@@ -1066,8 +1067,9 @@ def _check_resumed_config(given: GRPOConfig, saved_raw: dict, saved: GRPOConfig,
             continue
         if key == "signal" and given.signal is None:
             continue
-        if given[key] != saved[key]:
-            differ.append(f"{key} ({saved[key]!r} in the run, {given[key]!r} given)")
+        mine, theirs = getattr(saved, key), getattr(given, key)
+        if theirs != mine:
+            differ.append(f"{key} ({mine!r} in the run, {theirs!r} given)")
     if differ:
         more = any(d.startswith("updates ") for d in differ)
         hint = "; to run more updates pass updates (--updates)" if more else ""
