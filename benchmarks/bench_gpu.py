@@ -288,7 +288,7 @@ def project(per_gen_token_s, per_scored_token_s, params, prompt_len, ops_step, l
     for name, m in CONFIG_MODELS.items():
         cfg = resolve_config(name)
         n = cfg["prompts_per_update"] * len(cfg["agents"]) * cfg["completions_per_agent"]
-        L = cfg["max_new_tokens"]
+        L = cfg.max_completion_length
         scale = m["params"] / params
         update = (n * L * per_gen_token_s + n * (prompt_len + L) * per_scored_token_s) * scale
         n_eval = cfg["eval_problems"] * (len(cfg["agents"]) + 1)

@@ -17,7 +17,7 @@ The same run measured from outside (the figure of the target)::
     /usr/bin/time -v python -m mcpg.grpo train --config run.json --signal removal \\
         --output /tmp/run --threads 1 --no-progress
 
-with ``run.json`` = ``{"base": "cpu-smoke", "updates": 1, "max_new_tokens": 128,
+with ``run.json`` = ``{"base": "cpu-smoke", "updates": 1, "max_completion_length": 128,
 "train_micro_batch": 8}``.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-ISSUE_RUN = {"updates": 1, "prompts_per_update": 2, "completions_per_agent": 4, "max_new_tokens": 128,
+ISSUE_RUN = {"updates": 1, "prompts_per_update": 2, "completions_per_agent": 4, "max_completion_length": 128,
              "train_micro_batch": 8, "threads": 1, "progress": False}
 
 

@@ -93,7 +93,7 @@ def compare(eng, repeats: int) -> dict:
     def rollout(shared: bool):
         pool.share_prefill = shared
         torch.manual_seed(1)
-        return pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
+        return pool.generate(prompts, adapters, temps, cfg.max_completion_length,
                              batch_size=cfg["generation_batch_size"] or None,
                              stop_at_answer=cfg["stop_at_answer"])
 

@@ -4,7 +4,7 @@ The setting is the grid's control arm as chapter 8 records it (``scripts/ch08_re
 grid-mask``): ``data/configs/ch08-grid-stop-control.json`` with
 ``mask_truncated_completions``, signal ``wta`` (one agent: plain GRPO). That is SmolLM2-135M,
 the arithmetic task's GSM8K-format problems, ``prompts_per_update`` problems x m completions
-per step, ``max_new_tokens``, the agent's temperature, LoRA rank/alpha/targets, learning rate,
+per step, ``max_completion_length``, the agent's temperature, LoRA rank/alpha/targets, learning rate,
 ``loss_type``, ``scale_rewards``, ``train_micro_batch``, gradient checkpointing, the answer line
 as a stop (``stop_at_answer``) and no gradient from a cut completion. ``--config`` and
 ``--set key=value`` change it. Three arms:
@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTROL = ROOT / "data" / "configs" / "ch08-grid-stop-control.json"
 ARMS = ("ours/shared", "ours/unshared", "trl")
 PHASES = ("step", "rollout", "actor", "generate")
-TINY = {"model": "tiny-random", "prompts_per_update": 2, "max_new_tokens": 8, "train_micro_batch": 4,
+TINY = {"model": "tiny-random", "prompts_per_update": 2, "max_completion_length": 8, "train_micro_batch": 4,
         "lora_r": 4, "lora_alpha": 8}
 """The CI mode's overrides: the tiny random model, 2 problems x 4 completions, 8 tokens."""
 
@@ -253,11 +253,11 @@ def run_trl(cfg, steps: int, workdir: str) -> dict:
         use_cpu=device.type == "cpu", bf16=cfg["dtype"] == "bfloat16", fp16=cfg["dtype"] == "float16",
         seed=cfg["seed"], max_steps=1 + steps, shuffle_dataset=False,
         per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro, num_generations=m,
-        max_completion_length=cfg["max_new_tokens"], temperature=agent.get("temperature", 1.0),
+        max_completion_length=cfg.max_completion_length, temperature=agent.get("temperature", 1.0),
         top_p=1.0, top_k=0, learning_rate=cfg["learning_rate"], weight_decay=cfg["weight_decay"],
         lr_scheduler_type="constant", optim="adamw_torch", max_grad_norm=cfg["max_grad_norm"] or 0.0,
-        loss_type=cfg["loss_type"], scale_rewards=cfg["scale_rewards"], epsilon=cfg["clip_eps"],
-        epsilon_high=cfg["clip_eps_high"], num_iterations=cfg["num_iterations"], beta=0.0,
+        loss_type=cfg["loss_type"], scale_rewards=cfg["scale_rewards"], epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high, num_iterations=cfg["num_iterations"], beta=0.0,
         mask_truncated_completions=cfg["mask_truncated_completions"],
         gradient_checkpointing=cfg["gradient_checkpointing"],
     )
@@ -400,9 +400,9 @@ def compare(cfg, repeats: int = 3, steps: int = 1, arms=ARMS) -> dict:
 def _summary(cfg) -> dict:
     a = cfg["agents"][0]
     keys = ("model", "dtype", "device", "task", "prompts_per_update", "completions_per_agent",
-            "max_new_tokens",
+            "max_completion_length",
             "lora_r", "lora_alpha", "lora_target_modules", "learning_rate", "weight_decay", "max_grad_norm",
-            "loss_type", "scale_rewards", "clip_eps", "num_iterations", "train_micro_batch", "stop_at_answer",
+            "loss_type", "scale_rewards", "epsilon", "num_iterations", "train_micro_batch", "stop_at_answer",
             "mask_truncated_completions", "gradient_checkpointing", "seed")
     return {**{k: cfg[k] for k in keys}, "temperature": a.get("temperature"), "agent_role": a["role"]}
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--problems, --m and --budgets must be positive")
     torch.set_num_threads(1)
     budgets = sorted(set(a.budgets))
-    cfg = resolve_config(a.config, seed=a.seed, max_new_tokens=budgets[-1], progress=False,
+    cfg = resolve_config(a.config, seed=a.seed, max_completion_length=budgets[-1], progress=False,
                          eval_initial=False)
     engine = Engine(cfg, "wta")
     rng = np.random.default_rng([a.seed, 7])

@@ -66,7 +66,7 @@ def sample(engine: Engine, questions: list[str], m: int) -> dict:
     """One rollout of the engine's pool and every completion's exact score norm and proxies."""
     cfg = engine.cfg
     prompts, adapters, temps, agent_ids = engine.prompt_rows(questions, m)
-    roll = engine.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"], keep_logprobs=True,
+    roll = engine.pool.generate(prompts, adapters, temps, cfg.max_completion_length, keep_logprobs=True,
                                 stop_at_answer=cfg["stop_at_answer"])
     mask = roll.completion_mask.double().numpy()
     norms = np.zeros(len(roll))

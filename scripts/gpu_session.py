@@ -441,7 +441,7 @@ def bench_update(model: str, cfg_over: dict) -> dict:
         "prompts_per_update": cfg["prompts_per_update"],
         "K": eng.K,
         "m": cfg["completions_per_agent"],
-        "max_new_tokens": cfg["max_new_tokens"],
+        "max_completion_length": cfg.max_completion_length,
         "dtype": cfg["dtype"],
         "seconds": row["seconds"],
         "completion_tokens": row["completion_tokens"],
@@ -537,7 +537,7 @@ def eval_estimate(cfg, eng, rollout_s: float, safety: float = 1.5) -> float:
     cost of a decoding step of one generation batch, times the evaluation's batches and steps."""
     rows = cfg["prompts_per_update"] * eng.K * cfg["completions_per_agent"]
     gen_batches = math.ceil(rows / (cfg["generation_batch_size"] or rows))
-    per_step = rollout_s / (gen_batches * cfg["max_new_tokens"])
+    per_step = rollout_s / (gen_batches * cfg.max_completion_length)
     eval_rows = len(eng.eval_set) * (eng.K + 1)  # every agent and the frozen model
     eval_batches = math.ceil(eval_rows / cfg["eval_batch_size"])
     return safety * eval_batches * cfg["eval_max_new_tokens"] * per_step

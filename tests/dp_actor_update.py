@@ -29,8 +29,8 @@ def main(out: str) -> None:
     from mcpg.grpo.train import Engine
 
     torch.set_num_threads(1)
-    cfg = resolve_config("tiny-random", prompts_per_update=2, completions_per_agent=2, max_new_tokens=6,
-                         learning_rate=0.05)
+    cfg = resolve_config("tiny-random", prompts_per_update=2, completions_per_agent=2,
+                         max_completion_length=6, learning_rate=0.05)
     eng = Engine(cfg, "removal")
     K, m, world, rank = eng.K, cfg["completions_per_agent"], eng.dist.world, eng.dist.rank
     questions = [p["question"] for p in eng.train_set[:2]]

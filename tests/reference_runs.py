@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import warnings
 import zlib
 from pathlib import Path
 
@@ -93,7 +94,9 @@ def run_case(name: str, out: Path) -> Path:
     kw = dict(overrides)
     if config != "tiny-random" and not smol:
         kw["model"] = "tiny-random"
-    train(config, signal, run, updates=1 if smol else 2, progress=False, **kw)
+    with warnings.catch_warnings():  # the cases name keys as a1a7339 did (clip_eps_high: epsilon_high now)
+        warnings.filterwarnings("ignore", r"config key '\w+' is now '\w+' \(TRL's name\)", FutureWarning)
+        train(config, signal, run, updates=1 if smol else 2, progress=False, **kw)
     (run / "weights.json").write_text(json.dumps(weight_digests(run), indent=1, sort_keys=True) + "\n")
     return run
 
@@ -102,7 +105,8 @@ def read_case(run: Path) -> dict:
     """Every recorded value of a case, ``seconds`` (wall time) and the per-agent diagnostics added
     after the recording (:data:`mcpg.grpo.rundir.AGENT_DIAGNOSTICS`) removed; ``config.json``'s
     config as :func:`mcpg.grpo.configs.saved_config` reads it (so a config key added after the recording,
-    such as ``beta``, compares at the value that reproduces the recorded run)."""
+    such as ``beta`` or ``signal``, compares at the value that reproduces the recorded run, and a key
+    renamed since, such as ``clip_eps_high``, under its new name)."""
     from mcpg.grpo.rundir import AGENT_DIAGNOSTICS
 
     got = {}
@@ -122,8 +126,8 @@ def read_case(run: Path) -> dict:
     if got["config.json"] is not None:  # the config as the engine reads it back: a key added since
         from mcpg.grpo.configs import saved_config  # the recording takes the value that reproduces it
 
-        saved = got["config.json"]
-        got["config.json"] = {**saved, "config": saved_config(saved["config"]).to_dict()}
+        saved = got["config.json"]  # (the signal recorded beside the config, an old name as its new one)
+        got["config.json"] = {**saved, "config": saved_config(saved).to_dict()}
     return got
 
 

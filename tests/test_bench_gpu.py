@@ -66,7 +66,7 @@ def test_bench_memory_tiny_random(monkeypatch):
     and none exceeds the process's VmHWM (what /usr/bin/time -v reports)."""
     monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
     bench = load_script("benchmarks/bench_memory.py")
-    res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8",
+    res = bench.main(["--config", "tiny-random", "--set", "max_completion_length=8",
                       "--set", "eval_max_new_tokens=4", "--set", "train_micro_batch=4"])
     peaks = res["phases_peak_rss_bytes"]
     for phase in ("load", "evaluate/generate", "update/generate", "update/score", "update/backward"):
@@ -85,8 +85,8 @@ def test_bench_prefix_main_tiny_random(tmp_path, monkeypatch):
     monkeypatch.setenv("MCPG_GSM8K_DIR", str(FIXTURE))
     bench = load_script("benchmarks/bench_prefix.py")
     out = tmp_path / "sub" / "prefix.json"  # a folder that does not exist yet
-    res = bench.main(["--config", "tiny-random", "--set", "max_new_tokens=8", "--set", "train_micro_batch=4",
-                      "--repeats", "2", "--out", str(out)])
+    res = bench.main(["--config", "tiny-random", "--set", "max_completion_length=8", "--set",
+                      "train_micro_batch=4", "--repeats", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     assert res["commit"] and res["repeats"] == 2 and res["wall_s"] > 0
     assert all(len(v) == 2 for v in res["seconds"].values())

@@ -49,7 +49,7 @@ def test_bench_trl_tiny_random(tmp_path):
         for w in r["work"]:  # each step's work by its own count
             assert w["rows"] == rows and 0 < w["prompt_tokens"]
             assert 0 <= w["trained_tokens"] <= w["completion_tokens"] <= rows * (w["decode_steps"] + 1)
-            assert w["decode_steps"] <= s["max_new_tokens"] and w["truncated"] + w["stopped"] <= rows
+            assert w["decode_steps"] <= s["max_completion_length"] and w["truncated"] + w["stopped"] <= rows
     # one round: the ratio against TRL is the quotient of the two arms' median steps
     for arm in ("ours/shared", "ours/unshared"):
         q, ours, theirs = res["ratio_to_trl"][arm], res["arms"][arm], res["arms"]["trl"]

@@ -170,6 +170,40 @@ def _evaluate_an_older_run_on_fewer_problems(tmp, rec, mp):
     return ["evaluate", "--run", str(run)], run, True
 
 
+def _key_option(*keys):
+    def case(tmp, rec, mp):
+        return [*TRAIN, "--output", str(tmp / "out"), *keys], tmp / "out", True
+    return case
+
+
+def _resume_with_another_key(tmp, rec, mp):
+    run = copy_run(rec, "unfinished", tmp)
+    return ["train", "--output", str(run), "--resume", "--learning_rate", "0.5"], run, True
+
+
+ROWS = [{"prompt": "What is 2 + 3?", "answer": "5"}, {"prompt": "What is 7 - 4?", "answer": "3"}]
+
+
+def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str | None = None):
+    """A run with a reward function of one's own (``reward``: its body's return expression, in a
+    module put on sys.path) and a JSON Lines dataset of ``rows``."""
+    def case(tmp, rec, mp):
+        data = tmp / "rows.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in (ROWS if rows is None else rows)))
+        argv = [*TRAIN, "--output", str(tmp / "out"), "--train_dataset", str(data),
+                "--eval_dataset", str(data)]
+        if reward is not None:
+            name = f"reward_{abs(hash(reward)) % 10**8}"
+            source = f"def mine(prompts, completions, **kwargs):\n    return {reward}\n"
+            (tmp / f"{name}.py").write_text(source)
+            mp.syspath_prepend(str(tmp))
+            argv += ["--reward_funcs", f"{name}:mine"]
+        elif spec is not None:
+            argv += ["--reward_funcs", spec]
+        return argv, tmp / "out", True
+    return case
+
+
 CASES = {
     # section 2 of issue 60
     "empty test split": (_empty_test_split, ["test.jsonl", "holds no problems"]),
@@ -199,6 +233,28 @@ CASES = {
                                    ["evaluate", "SHA-256", "differ", "MCPG_GSM8K_DIR"]),
     "evaluate an older run on fewer problems": (_evaluate_an_older_run_on_fewer_problems,
                                                 ["gives 3 held-out problems", "evaluated on 4"]),
+    # section 3: every key on the command line
+    "key option not a number": (_key_option("--learning_rate", "abc"),
+                                ["--learning_rate 'abc'", "'learning_rate' is a number"]),
+    "key option out of range": (_key_option("--max_completion_length", "0"),
+                                ["'max_completion_length'", "positive integer", "0"]),
+    "key option under both names": (_key_option("--max_new_tokens", "4", "--max_completion_length", "5"),
+                                    ["--max_new_tokens and --max_completion_length", "one config key"]),
+    "resume with another key": (_resume_with_another_key, ["learning_rate", "0.5", "differs", "resume"]),
+    # section 4: your reward and your data
+    "dataset without a prompt column": (_custom("[1.0] * len(completions)", rows=[{"question": "q"}]),
+                                        ["train_dataset", "rows.jsonl, line 1", "no 'prompt'"]),
+    "reward of the wrong length": (_custom("[1.0] * (len(completions) + 1)"),
+                                   ["reward function", ":mine returned 2 rewards for 1 completions"]),
+    "reward not a number": (_custom("['right'] * len(completions)"),
+                            [":mine returned 'right' for completion 0", "finite number"]),
+    "reward function that does not import": (_custom(spec="no_such_module_60:reward"),
+                                             ["'no_such_module_60:reward'", "does not import"]),
+    "reward function named without a module": (_custom(spec="reward"), ["'reward'", "module:function"]),
+    "dataset without a reward": (_custom(), ["needs reward_funcs", "--reward_funcs"]),
+    "conversational prompt": (_custom("[1.0] * len(completions)",
+                                      rows=[{"prompt": [{"role": "user", "content": "q"}]}]),
+                              ["conversation", "plain text"]),
 }
 
 
@@ -231,7 +287,7 @@ def test_what_the_old_checks_refused_wrongly_is_accepted(tmp_path):
     agents = [{"name": "a1", "role": "r", "temperature": 1, "specialty": None},
               {"name": "lora_agent", "role": "r", "temperature": 0.5, "specialty": "time"}]
     assert [a["name"] for a in resolve_config("tiny-random", agents=agents)["agents"]] == ["a1", "lora_agent"]
-    for ok in ({"max_grad_norm": None}, {"max_grad_norm": 0}, {"learning_rate": 1}, {"clip_eps_high": 0.28}):
+    for ok in ({"max_grad_norm": None}, {"max_grad_norm": 0}, {"learning_rate": 1}, {"epsilon_high": 0.28}):
         assert resolve_config("tiny-random", **ok)  # numbers, null where allowed
 
 

@@ -217,7 +217,7 @@ def _one_update(**keys) -> dict:
     """One update of tiny-random (3 agents, 2 prompts x 3 completions, micro-batches of 4 rows)
     with EOS made likely (mixed lengths, some cut) and trained-looking adapters; returns the
     metrics row, the rollout, each optimizer step's gradients and the shared path's calls."""
-    cfg = resolve_config("tiny-random", completions_per_agent=3, max_new_tokens=8, train_micro_batch=4,
+    cfg = resolve_config("tiny-random", completions_per_agent=3, max_completion_length=8, train_micro_batch=4,
                          learning_rate=1e-3, **keys)
     eng = Engine(cfg, "removal")
     _trained_looking(eng.pool)

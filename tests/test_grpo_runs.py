@@ -292,8 +292,8 @@ def test_engine_run_directory(tmp_path):
     np.testing.assert_allclose(per_update["cut"], run.metrics["truncated"], atol=1e-12)
     np.testing.assert_allclose(per_update["tokens"], run.metrics["completion_tokens"], atol=1e-9)
     assert set(s["cut"]) <= {0.0, 1.0}
-    assert (s.loc[s["cut"] == 1, "tokens"] == run.config["max_new_tokens"]).all()
-    assert (s.loc[s["cut"] == 0, "tokens"] <= run.config["max_new_tokens"]).all()
+    assert (s.loc[s["cut"] == 1, "tokens"] == run.config["max_completion_length"]).all()
+    assert (s.loc[s["cut"] == 0, "tokens"] <= run.config["max_completion_length"]).all()
     assert {"zero_std_fraction", "truncated", "completion_tokens"} <= set(health(run)["metric"])
     assert eval_gains(run).shape[0] == 3
 

@@ -56,7 +56,7 @@ def test_the_kl_term_is_taken_against_the_base_model():
     want, without = [], []
     for k in range(eng.K):
         rows = agents == k
-        kw = dict(loss_type=eng.cfg["loss_type"], max_completion_length=eng.cfg["max_new_tokens"])
+        kw = dict(loss_type=eng.cfg["loss_type"], max_completion_length=eng.cfg.max_completion_length)
         want.append(float(clipped_grpo_loss(logp[rows], logp[rows], adv[rows], mask[rows], beta=beta,
                                             logp_ref=ref[rows], **kw)))
         without.append(float(clipped_grpo_loss(logp[rows], logp[rows], adv[rows], mask[rows], **kw)))

@@ -17,6 +17,7 @@ Read in this order (each file is one idea):
 - :mod:`mcpg.grpo.router`: features of (question, candidate) and the router/outcome MLP;
 - :mod:`mcpg.grpo.configs`: ``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``;
 - :mod:`mcpg.grpo.train`: the loop, the evaluation, the run directory, ``--resume``;
+- :mod:`mcpg.grpo.custom`: reward functions with TRL's signature and datasets of your own;
 - :mod:`mcpg.grpo.pool`: a trained run's pool, routing a question and answering it;
 - ``python -m mcpg.grpo``: the command line.
 

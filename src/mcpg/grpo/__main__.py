@@ -2,10 +2,19 @@
 
     python -m mcpg.grpo train --config NAME_OR_PATH --signal wta|removal|oracle --output DIR
                               [--updates N] [--threads N] [--progress | --no-progress] [--json]
-    python -m mcpg.grpo train --signal wta|removal|oracle --output DIR --resume [--updates N] ...
+                              [--KEY VALUE ...] [--reward_funcs MODULE:FUNCTION ...]
+                              [--train_dataset PATH --eval_dataset PATH]
+    python -m mcpg.grpo train --output DIR --resume [--updates N] ...
     python -m mcpg.grpo evaluate --run DIR [--threads N] [--progress | --no-progress] [--json]
 
-Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Several
+Named configs: tiny-random, cpu-smoke, colab, paper (see ``mcpg.grpo.configs``). Every config
+key is an option too (``--learning_rate 1e-4 --max_completion_length 16``; ``train --help``
+lists them): a number, text, ``true``/``false`` (or ``--KEY`` / ``--no-KEY``), ``null`` where
+a key may be null (``none`` too for a number), and JSON for ``agents``, ``report_to``,
+``lora_target_modules`` and ``reward_weights``. An old key name (``--max_new_tokens``) still
+works, with a FutureWarning. With ``--resume`` a key must equal the run's, as a ``--config``
+must. ``--signal`` may be left out where the config (or, resumed, the run) has one. Reward
+functions and datasets of your own: ``mcpg.grpo.custom``. Several
 GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU processes:
 ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
 
@@ -24,6 +33,7 @@ evaluation is the run's eval.json; ``--json`` prints that instead).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -100,6 +110,114 @@ def _threads(value: str) -> int:
     return n
 
 
+OWN_OPTIONS = ("signal", "updates", "threads", "progress")
+"""Config keys with an option of their own (``--signal``, ``--updates``, ``--threads``,
+``--progress``/``--no-progress``), not generated from the config's fields."""
+
+KEY_DEST = "key:"  # argparse dest prefix of a config key's option
+
+
+def _key_kind(name: str) -> str:
+    """How a config key's option reads its value: bool, int, float, str (each possibly null), json."""
+    from .configs import GRPOConfig
+
+    t = {f.name: str(f.type) for f in dataclasses.fields(GRPOConfig)}[name].replace(" ", "")
+    return {"bool": "bool", "int": "int", "int|None": "int?", "float": "float", "float|None": "float?",
+            "str": "str", "str|None": "str?"}.get(t, "json")
+
+
+def _help_line(doc: str) -> str:
+    """The first line of a key's docstring, without a parenthesis it leaves open."""
+    line = doc.splitlines()[0] if doc else ""
+    if line.count("(") > line.count(")"):
+        line = line[: line.rindex("(")]
+    return line.rstrip(" ,;:—").replace("``", "").replace("%", "%%")
+
+
+def _add_key_options(parser: argparse.ArgumentParser) -> None:
+    """One option per config key (:class:`mcpg.grpo.configs.GRPOConfig`'s fields), its help the
+    first line of the key's docstring; the old names (ALIASES) as hidden options."""
+    from .configs import ALIASES, field_docs
+
+    group = parser.add_argument_group(
+        "config keys", "each sets one key of the config, over --config's value; with --resume it must equal\n"
+                       "the run's. Each key's whole meaning: help(mcpg.grpo.configs.GRPOConfig)")
+    metavars = {"int": "N", "int?": "N|null", "float": "X", "float?": "X|null", "str": "TEXT",
+                "str?": "TEXT|null", "json": "JSON"}
+    docs = field_docs()
+    names = [(k, k) for k in docs if k not in OWN_OPTIONS] + [(old, new) for old, new in ALIASES.items()]
+    for option, key in names:
+        kind = _key_kind(key)
+        hidden = option != key
+        text = argparse.SUPPRESS if hidden else _help_line(docs[key])
+        if kind == "bool":
+            text = text if hidden else f"{text} (--no-{option}: false)"
+            group.add_argument(f"--{option}", dest=KEY_DEST + option, nargs="?", const="true", default=None,
+                               metavar="true|false", help=text)
+            group.add_argument(f"--no-{option}", dest=KEY_DEST + option, action="store_const", const="false",
+                               help=argparse.SUPPRESS)
+        else:
+            group.add_argument(f"--{option}", dest=KEY_DEST + option, default=None, metavar=metavars[kind],
+                               help=text)
+
+
+def key_overrides(args) -> dict:
+    """The config keys the command line sets, each converted to its type; an old name
+    (``--max_new_tokens``) sets its new key with a FutureWarning. A value that is not of its
+    key's type, or a key given under both names, is a :class:`UsageError` naming the option."""
+    from .configs import ALIASES
+
+    out = {}
+    for dest, raw in vars(args).items():
+        if not dest.startswith(KEY_DEST) or raw is None:
+            continue
+        option = dest[len(KEY_DEST):]
+        key = ALIASES.get(option, option)
+        if option != key:
+            if getattr(args, KEY_DEST + key, None) is not None:
+                raise UsageError(f"--{option} and --{key} are one config key (--{option} is its old name): "
+                                 f"give --{key} only")
+            warnings.warn(f"--{option} is now --{key} (TRL's name for config key {key!r}); the old name will "
+                          "be removed", FutureWarning, stacklevel=2)
+        out[key] = _convert(option, key, raw)
+    return out
+
+
+def _convert(option: str, key: str, raw: str):
+    kind = _key_kind(key)
+    nullable = kind.endswith("?")
+    base = kind.rstrip("?")
+    said = f"--{option} {raw!r}"
+    if nullable and (raw == "null" if base == "str" else raw.lower() in ("null", "none")):
+        return None
+    if base == "bool":
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise UsageError(f"{said}: config key {key!r} is true or false")
+    if base == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise UsageError(f"{said}: config key {key!r} is a whole number{' or null' if nullable else ''}")
+    if base == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise UsageError(f"{said}: config key {key!r} is a number{' or null' if nullable else ''}")
+    if base == "str":
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as err:
+        if key == "lora_target_modules":  # a plain module name or "all-linear"
+            return raw
+        raise UsageError(f"{said}: config key {key!r} takes JSON ({err.msg} at column {err.colno}), e.g. "
+                         + {"agents": "'[{\"name\": \"solver\", \"role\": \"You solve.\"}]'",
+                            "report_to": "'[\"tensorboard\"]'"}.get(key, "'[1.0, 0.5]'"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .configs import CONFIGS
     from .objective import SIGNALS
@@ -114,18 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
     progress_help = ("progress bars (tqdm) on rollouts, updates and evaluation (default: when stderr is a "
                      "terminal); --no-progress: none, also none while the model loads")
     json_help = "print the whole evaluation (eval.json) as JSON at the end, instead of a summary"
+    reward_help = ("reward functions of your own, TRL's signature (mcpg.grpo.custom), each importable from "
+                   "the working directory; config key reward_weights weighs them (default: GSM8K's reward)")
+    data_help = ("{} rows of your own: a folder saved by datasets' Dataset.save_to_disk or a JSON Lines "
+                 "file, with a 'prompt' column (needs --reward_funcs, and both datasets)")
     t = sub.add_parser("train", help="train K routed LoRA agents with one credit signal",
                        description="Train K routed LoRA agents with one credit signal; write a run folder.",
                        epilog=EXAMPLES, formatter_class=fmt)
     t.add_argument("--config", help=f"a named config {sorted(CONFIGS)} or a JSON file "
                    "(not needed with --resume, which continues with the run's own config.json)")
-    t.add_argument("--signal", required=True, help=f"credit signal: one of {list(SIGNALS)}")
+    t.add_argument("--signal", help=f"credit signal: one of {list(SIGNALS)} (config key signal; needed "
+                   "unless the config or, with --resume, the run has one)")
     t.add_argument("--output", required=True, help="run directory (new, or an interrupted run with --resume)")
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")
     t.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     t.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=progress_help)
     t.add_argument("--json", action="store_true", help=json_help)
+    t.add_argument("--reward_funcs", nargs="+", metavar="MODULE:FUNCTION", help=reward_help)
+    t.add_argument("--train_dataset", metavar="PATH", help=data_help.format("training"))
+    t.add_argument("--eval_dataset", metavar="PATH", help=data_help.format("held-out"))
+    _add_key_options(t)
     e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json",
                        description="Evaluate a finished run's final weights on its own held-out problems; "
                                    "rewrite eval.json.",
@@ -134,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=_threads, default=None, metavar="N", help=threads_help)
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=progress_help)
     e.add_argument("--json", action="store_true", help=json_help)
+    e.add_argument("--reward_funcs", nargs="+", metavar="MODULE:FUNCTION",
+                   help="the run's reward functions (default: the ones it recorded, imported by name)")
+    e.add_argument("--eval_dataset", metavar="PATH",
+                   help="the run's held-out dataset (default: its recorded path)")
     return parser
 
 
@@ -159,7 +290,7 @@ def _config_of_command(args) -> dict:
         if not (run / "config.json").is_file():
             raise UsageError(f"--run {run} is not a run directory (it has no config.json)")
         saved = _read_json(run / "config.json", "run config")
-        return saved_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+        return saved_config(saved) if isinstance(saved, dict) and "config" in saved else {}
 
     out = Path(args.output)
     if out.exists() and not out.is_dir():
@@ -171,21 +302,26 @@ def _config_of_command(args) -> dict:
         if not (out / "config.json").is_file():
             raise UsageError(f"--output {out} holds no run to resume (no config.json)")
         saved = _read_json(out / "config.json", "run config")
-        return saved_config(saved["config"]) if isinstance(saved, dict) and "config" in saved else {}
+        return saved_config(saved) if isinstance(saved, dict) and "config" in saved else {}
     if args.config is None:
         raise UsageError("the following arguments are required: --config (unless --resume)")
-    if args.config in CONFIGS:
-        return resolve_config(args.config)
-    path = Path(args.config)
-    if not path.exists():
-        raise UsageError(f"--config {args.config!r} is neither a named config {sorted(CONFIGS)} nor a file")
-    if not path.is_file():
-        raise UsageError(f"--config {path} is a directory, not a JSON file")
-    _read_json(path, "config file")
-    try:
-        return resolve_config(str(path))
-    except ValueError as err:
-        raise UsageError(f"config file {path}: {err}")
+    keys = key_overrides(args)
+    with warnings.catch_warnings():  # an old key name warns once, when train resolves the config
+        warnings.simplefilter("ignore", FutureWarning)
+        if args.config in CONFIGS:
+            return resolve_config(args.config, **keys)
+        path = Path(args.config)
+        if not path.exists():
+            raise UsageError(f"--config {args.config!r} is neither a named config {sorted(CONFIGS)} nor a "
+                             "file")
+        if not path.is_file():
+            raise UsageError(f"--config {path} is a directory, not a JSON file")
+        _read_json(path, "config file")
+        try:
+            resolve_config(str(path))
+        except ValueError as err:
+            raise UsageError(f"config file {path}: {err}")
+        return resolve_config(str(path), **keys)
 
 
 def show_progress(flag: bool | None, stream=None) -> bool:
@@ -233,12 +369,22 @@ def interrupted(args) -> str:
     from .train import _updates_done
 
     return (f"interrupted; {out} keeps its checkpoint at update {_updates_done(out)}: continue the run with "
-            f"python -m mcpg.grpo train --signal {args.signal} --output {out} --resume")
+            f"python -m mcpg.grpo train --signal {_signal_of(args)} --output {out} --resume")
+
+
+def _signal_of(args) -> str | None:
+    """The run's signal: --signal, else the one its config.json records."""
+    if args.signal is not None:
+        return args.signal
+    try:
+        return json.loads((Path(args.output) / "config.json").read_text())["signal"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _run(args) -> dict:
     cfg = _config_of_command(args)
-    threads = args.threads or cfg.get("threads") or 0
+    threads = args.threads or getattr(cfg, "threads", 0) or 0
     if threads:
         import torch
 
@@ -252,11 +398,13 @@ def _run(args) -> dict:
     filter_known_warnings()
     from .train import evaluate_run, train
 
+    mine = {k: v for k, v in (("reward_funcs", args.reward_funcs), ("eval_dataset", args.eval_dataset),
+                              ("train_dataset", getattr(args, "train_dataset", None))) if v is not None}
     if args.command == "evaluate":
-        return evaluate_run(args.run, progress=progress)
+        return evaluate_run(args.run, progress=progress, **mine)
     overrides = {"threads": args.threads} if args.threads and not args.resume else {}
     return train(args.config, args.signal, args.output, updates=args.updates, resume=args.resume,
-                 progress=progress, **overrides)
+                 progress=progress, **mine, **key_overrides(args), **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

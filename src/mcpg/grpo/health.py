@@ -137,7 +137,7 @@ def feedback_table(runs: Run | list[Run]) -> pd.DataFrame:
 def recording_summary(run: Run) -> dict:
     """Counts behind a diagnosis of one recording, from its metrics rows and eval.json.
 
-    ``truncated_mean``/``_min``/``_max``: share of completions cut at ``max_new_tokens``;
+    ``truncated_mean``/``_min``/``_max``: share of completions cut at ``max_completion_length``;
     ``agent_updates``: updates x agents; ``no_correct``: agent-updates none of whose sampled
     completions is right (every group of that agent has zero reward spread);
     ``no_credit``: agent-updates whose credit scores are all 0 (for ``wta``, whose scores are

@@ -96,27 +96,27 @@ class RoutedPool:
         run = Path(run)
         if not (run / CONFIG).is_file():
             raise ValueError(f"{run} holds no {CONFIG}: not a run directory")
-        cfg = saved_config(json.loads((run / CONFIG).read_text())["config"])
+        cfg = saved_config(json.loads((run / CONFIG).read_text()))
         found = [w for w in (run, run / CHECKPOINT) if (w / ADAPTERS).is_dir() and (w / ROUTER).is_file()]
         weights = found[0] if found else None
         if weights is None:
             raise ValueError(f"run {run} has neither final weights ({ADAPTERS}/, {ROUTER}) nor a checkpoint")
-        device = device or cfg["device"]
+        device = device or cfg.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tok, _ = load_base(cfg["model"], dtype=cfg["dtype"], device=device, seed=cfg["seed"])
-        agents = [AgentSpec(**a) for a in cfg["agents"]]
-        pool = AgentPool(model, tok, agents, lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"],
-                         target_modules=cfg["lora_target_modules"], seed=cfg["seed"],
-                         instruction=cfg["instruction"], share_prefill=cfg["shared_prefix"],
-                         logprob_chunk=cfg["logprob_chunk"])
+        model, tok, _ = load_base(cfg.model, dtype=cfg.dtype, device=device, seed=cfg.seed)
+        agents = [AgentSpec(**a) for a in cfg.agents]
+        pool = AgentPool(model, tok, agents, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                         target_modules=cfg.lora_target_modules, seed=cfg.seed,
+                         instruction=cfg.instruction, share_prefill=cfg.shared_prefix,
+                         logprob_chunk=cfg.logprob_chunk)
         pool.load_adapters(weights / ADAPTERS)
-        features = CandidateFeatures(len(agents), cfg["question_features"], cfg["candidate_features"],
-                                     kind=cfg["router_features"])
-        router = Router(features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"])
+        features = CandidateFeatures(len(agents), cfg.question_features, cfg.candidate_features,
+                                     kind=cfg.router_features)
+        router = Router(features.dim, cfg.router_hidden, cfg.router_tau, cfg.router_eps)
         router.load(weights / ROUTER)
-        return cls(pool, router, features, cfg["eval_max_new_tokens"], cfg["stop_at_answer"],
-                   cfg["eval_batch_size"])
+        return cls(pool, router, features, cfg.eval_max_new_tokens, cfg.stop_at_answer,
+                   cfg.eval_batch_size)
 
     def _generate(self, questions: list[str]):
         """Every agent's greedy answer to every question: texts and truncation flags, (Q, K)."""

@@ -4,7 +4,8 @@
 Files (written by :func:`mcpg.grpo.train.train` through :class:`RunWriter`; ``scripts/gpu_session.py``
 writes through it too)::
 
-    config.json          the resolved config, the signal, where the model came from, processes
+    config.json          the resolved config, the signal, where the model came from, processes; the
+                         reward functions and datasets of your own (mcpg.grpo.custom), when given
     PROVENANCE.json      commit, dirty, code origin, machine, command of each call; the problems read
                          (source, SHA-256) (mcpg.grpo.provenance)
     initial_eval.json    the evaluation of the untrained pool (config key eval_initial)
@@ -62,9 +63,9 @@ AGENT_DIAGNOSTICS: dict[str, str] = {
     "agent/entropy": "mean entropy (nats) of its policy at its sampling temperature over its trained "
                      "tokens, before the first step (TRL's entropy)",
     "agent/advantage_std": "standard deviation of its advantages over the rollout's completions",
-    "agent/clip_low": "share of its trained tokens with ratio below 1 - clip_eps and a negative advantage "
+    "agent/clip_low": "share of its trained tokens with ratio below 1 - epsilon and a negative advantage "
                       "(TRL's clip_ratio/low_mean), over the rollout's steps",
-    "agent/clip_high": "share with ratio above 1 + clip_eps_high and a positive advantage "
+    "agent/clip_high": "share with ratio above 1 + epsilon_high and a positive advantage "
                        "(TRL's clip_ratio/high_mean)",
     "agent/approx_kl": "mean (r - 1) - log r over its trained tokens and steps (CleanRL's approx_kl; "
                        "0 with num_iterations 1)",
@@ -160,10 +161,12 @@ class RunWriter:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
 
-    def config(self, cfg: dict, signal: str, model_source: str, processes: int) -> None:
+    def config(self, cfg: dict, signal: str, model_source: str, processes: int, **recorded) -> None:
+        """``config.json``: the config, the signal, the model's source, the processes, and
+        ``recorded`` (the reward functions and datasets of your own, when given)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         write_json(self.folder / CONFIG, {"config": cfg, "signal": signal, "model_source": model_source,
-                                          "processes": processes})
+                                          "processes": processes, **recorded})
 
     def json(self, name: str, value: dict) -> None:
         """``initial_eval.json`` or ``eval.json``."""
@@ -195,7 +198,8 @@ class Run:
 
     Attributes:
         path: the directory.
-        config: the resolved config (``config.json``'s ``config``).
+        config: the resolved config (``config.json``'s ``config``, as recorded: keys added since
+            are absent; an old key name, :data:`mcpg.grpo.configs.ALIASES`, reads as its new one).
         signal: ``wta``, ``removal`` or ``oracle``.
         agents: the agents' names, in the config's order (the order of every per-agent list).
         metrics: ``metrics.jsonl`` as a frame, one row per update (lists kept as lists).
@@ -272,7 +276,9 @@ def read_run(path: str | os.PathLike) -> Run:
     rows = read_jsonl(path / METRICS)
     if not rows:
         raise FileNotFoundError(f"{path} holds no metrics.jsonl rows")
-    cfg = saved["config"]
+    from .configs import canonical_keys
+
+    cfg = canonical_keys(saved["config"], warn=False)  # a recording's old key names as their new ones
     return Run(path=path, config=cfg, signal=saved["signal"], agents=[a["name"] for a in cfg["agents"]],
                metrics=pd.DataFrame(rows), eval=read_json(path / EVAL),
                initial_eval=read_json(path / INITIAL_EVAL), slates=read_jsonl(path / SLATES),

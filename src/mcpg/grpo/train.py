@@ -7,7 +7,8 @@ One update, top to bottom (:func:`train`):
    g-th completions of the K agents form slate g.
 2. **Rewards.** ``R^(j) = 1`` when the answer candidate j commits to equals the gold answer:
    its ``#### <n>``, or its final number if it ended by itself; a completion cut at the
-   token budget without a marker earns 0 (:func:`mcpg.grpo.gsm8k.reward`).
+   token budget without a marker earns 0 (:func:`mcpg.grpo.gsm8k.reward`). Or your own reward
+   functions, on your own data, as TRL calls them (:mod:`mcpg.grpo.custom`).
 3. **Routing.** The current router scores every candidate (``s_j``), gives the propensities
    of Eq. (3) and the outcome estimates ``mu_hat_j = sigmoid(s_j)``; it draws the deployed
    candidate ``I ~ p`` and only ``G = R^(I)`` is fed back (filtered feedback).
@@ -36,7 +37,8 @@ the frozen base model's greedy accuracy as the single-agent reference.
 
 Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`)::
 
-    config.json          the resolved config, the signal, where the model came from
+    config.json          the resolved config, the signal, where the model came from; the reward
+                         functions and datasets of your own (mcpg.grpo.custom), when given
     PROVENANCE.json      commit, dirty, code origin, machine and library versions, command; the
                          problems read (source, SHA-256); one entry per call, evaluations too
                          (mcpg.grpo.provenance)
@@ -83,7 +85,7 @@ key                             meaning
 ``router_loss``                 the router's IPW cross-entropy after its update
 ``router_slates``               slates in the router's replay (what it was fitted on)
 ``completion_tokens``           mean completion length (tokens)
-``truncated``                   share of completions cut at ``max_new_tokens`` (not ended by EOS
+``truncated``                   share of completions cut at ``max_completion_length`` (not ended by EOS
                                 nor, with ``stop_at_answer``, by a finished answer line)
 ``seconds``                     wall time of the rollout, the actor update and the whole update
 ``agent/...``                   per agent: the actor update's diagnostics (gradient norm, policy
@@ -160,6 +162,7 @@ import os
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -168,11 +171,12 @@ import torch
 from .. import routing
 from ..allocation import ExactBudget
 from ..stats import roc_auc, within_slate_auc
-from . import rundir
+from . import custom, rundir
 from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
-from .configs import resolve_config, saved_config
+from .configs import GRPOConfig, canonical_keys, check_config, resolve_config, saved_config
+from .custom import RewardScorer
 from .gsm8k import (
     GSM8K_DIR_ENV,
     gsm8k_source,
@@ -182,30 +186,128 @@ from .gsm8k import (
     question_specialty,
     reward,
 )
-from .objective import SIGNALS, clipped_grpo_loss, route_and_credit, zero_std_groups
+from .objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .provenance import add_call, start_run
 from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 from .slates import Slates
 
-__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy"]
+__all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy", "CustomTask", "custom_task"]
 
 
-def _load_split(cfg: dict, split: str) -> list[dict]:
+@dataclass
+class CustomTask:
+    """What a run was given beyond its config (:mod:`mcpg.grpo.custom`): reward functions and
+    datasets. ``rewards`` None: the default reward (:func:`mcpg.grpo.gsm8k.reward`); ``train`` and
+    ``eval`` None: the config's task's problems. Made by :func:`custom_task`."""
+
+    rewards: RewardScorer | None = None
+    train: list[dict] | None = None
+    eval: list[dict] | None = None
+    train_source: str | None = None
+    eval_source: str | None = None
+
+    @property
+    def datasets(self) -> bool:
+        return self.eval is not None
+
+    def recorded(self) -> dict:
+        """What config.json records beside the config (nothing for the default reward and data)."""
+        out = {}
+        if self.rewards is not None:
+            out["reward_funcs"] = self.rewards.names
+        if self.train_source is not None:
+            out["train_dataset"] = self.train_source
+        if self.eval_source is not None:
+            out["eval_dataset"] = self.eval_source
+        return out
+
+
+def _recorded_rewards(names: list[str]) -> list:
+    """The reward functions a run recorded, imported again (a ValueError saying to pass them)."""
+    funcs = []
+    for name in names:
+        try:
+            funcs.append(custom.import_reward(name))
+        except ValueError as err:
+            raise ValueError(f"the run was trained with reward function {name}, which does not import here "
+                             f"({err}): pass the same function (reward_funcs, --reward_funcs)") from None
+    return funcs
+
+
+def _recorded_dataset(saved: dict, what: str, given):
+    """A dataset given again, or the path the run recorded (in-memory data must be given again)."""
+    recorded = saved.get(what)
+    if given is not None or recorded is None:
+        return given
+    if not Path(recorded).is_absolute():
+        raise ValueError(f"the run read {what} from a {recorded}: pass it again ({what}=...)")
+    return recorded
+
+
+def custom_task(cfg: GRPOConfig, reward_funcs=None, train_dataset=None, eval_dataset=None,
+                saved: dict | None = None, load_train: bool = True) -> CustomTask:
+    """Check and read the reward functions and datasets of a run (:mod:`mcpg.grpo.custom`), before
+    any model loads. ``saved``: the run's config.json (resume, evaluate): functions given must be
+    the ones it records, by name; none given, the recorded ones are imported and the recorded
+    dataset paths read."""
+    funcs = custom.reward_functions(reward_funcs)
+    if saved is not None:
+        recorded = saved.get("reward_funcs")
+        given = None if funcs is None else [custom.reward_name(f) for f in funcs]
+        if given is not None and given != recorded:
+            was = f"reward functions {recorded}" if recorded else "the default reward"
+            raise ValueError(f"reward_funcs {given} differ from the run's ({was}, config.json): pass the "
+                             "run's own, or start a new run in a new output")
+        if funcs is None and recorded:
+            funcs = _recorded_rewards(recorded)
+        if load_train:
+            train_dataset = _recorded_dataset(saved, "train_dataset", train_dataset)
+        eval_dataset = _recorded_dataset(saved, "eval_dataset", eval_dataset)
+    if load_train and (train_dataset is None) != (eval_dataset is None):
+        raise ValueError("give train_dataset and eval_dataset together (--train_dataset, --eval_dataset): "
+                         "the evaluation needs held-out rows of the same kind")
+    if eval_dataset is not None and funcs is None:
+        raise ValueError("a dataset of your own needs reward_funcs (--reward_funcs module:function): the "
+                         "default reward reads GSM8K's gold answers")
+    if funcs is None and cfg.reward_weights is not None:
+        raise ValueError("config key 'reward_weights' weighs reward_funcs, and none are given: give "
+                         "reward_funcs or drop reward_weights")
+    task = CustomTask(rewards=custom.RewardScorer(funcs, cfg.reward_weights) if funcs else None)
+    if load_train and train_dataset is not None:
+        rows, task.train_source = custom.load_rows(train_dataset, "train_dataset")
+        task.train = custom.dataset_problems(rows, "train_dataset")
+    if eval_dataset is not None:
+        rows, task.eval_source = custom.load_rows(eval_dataset, "eval_dataset")
+        task.eval = custom.dataset_problems(rows, "eval_dataset")
+    return task
+
+
+def _load_split(cfg: GRPOConfig, split: str, task: CustomTask | None = None) -> list[dict]:
     """The config's problems of ``split``: GSM8K (``task: gsm8k``, from ``data_dir``, ``$MCPG_GSM8K_DIR``
-    or the hub) or chapter 8's arithmetic task generated in memory (``task: arithmetic``). A split
-    too small for the config is a ValueError naming the config key and the data's source."""
+    or the hub), chapter 8's arithmetic task generated in memory (``task: arithmetic``), or the rows
+    of a dataset of your own (``task``, :func:`custom_task`). A split too small for the config is a
+    ValueError naming the config key and the data's source."""
+    cfg = check_config(cfg)
     key = "train_problems" if split == "train" else "eval_problems"
-    n = cfg[key]
-    if cfg["task"] == "gsm8k":
-        source = gsm8k_source(cfg["data_dir"])
+    n = getattr(cfg, key)
+    if task is not None and task.datasets:
+        rows, what = (task.train, "train_dataset") if split == "train" else (task.eval, "eval_dataset")
         if n is not None:
-            whole = load_gsm8k(split, data_dir=cfg["data_dir"])
+            if n > len(rows):
+                raise ValueError(f"config key {key!r} ({n}) exceeds the {len(rows)} rows of {what}: give "
+                                 f"{key} at most {len(rows)}, or null for all")
+            rows = [rows[i] for i in random.Random(cfg.data_seed).sample(range(len(rows)), int(n))]
+        return list(rows)
+    if cfg.task == "gsm8k":
+        source = gsm8k_source(cfg.data_dir)
+        if n is not None:
+            whole = load_gsm8k(split, data_dir=cfg.data_dir)
             if n > len(whole):
                 raise ValueError(f"config key {key!r} ({n}) exceeds the {len(whole)} problems of GSM8K's "
                                  f"{split} split in {source}: give {key} at most {len(whole)}, "
                                  "or null for all")
-        return load_gsm8k(split, n=n, seed=cfg["data_seed"], data_dir=cfg["data_dir"])
+        return load_gsm8k(split, n=n, seed=cfg.data_seed, data_dir=cfg.data_dir)
     from .arithmetic import task_split
 
     rows = task_split("train" if split == "train" else "test")
@@ -213,33 +315,46 @@ def _load_split(cfg: dict, split: str) -> list[dict]:
         if n > len(rows):
             raise ValueError(f"config key {key!r} ({n}) exceeds the {len(rows)} problems of the arithmetic "
                              f"task's {split} split: give {key} at most {len(rows)}, or null for all")
-        rows = [rows[i] for i in random.Random(cfg["data_seed"]).sample(range(len(rows)), int(n))]
+        rows = [rows[i] for i in random.Random(cfg.data_seed).sample(range(len(rows)), int(n))]
     return [{"question": r["question"], "answer": r["answer"], "gold": r["gold"]} for r in rows]
 
 
-def data_source(cfg) -> str:
+def data_source(cfg, task: CustomTask | None = None) -> str:
     """Where the config's problems come from: a GSM8K folder's absolute path, the hub dataset,
-    or the arithmetic task generated in memory."""
-    if cfg["task"] == "gsm8k":
-        return gsm8k_source(cfg["data_dir"])
+    the arithmetic task generated in memory, or the datasets of your own (``task``)."""
+    if task is not None and task.datasets:
+        if task.train_source in (None, task.eval_source):
+            return task.eval_source
+        return f"{task.train_source} (training), {task.eval_source} (held-out)"
+    cfg = check_config(cfg)
+    if cfg.task == "gsm8k":
+        return gsm8k_source(cfg.data_dir)
     return "mcpg.grpo.arithmetic (generated in memory)"
 
 
-def data_record(cfg, train_set: list[dict] | None, eval_set: list[dict]) -> dict:
-    """What a run records of its problems (``PROVENANCE.json``'s ``data``): the task, the source
-    (:func:`data_source`), and for each split the number of problems and their SHA-256
-    (:func:`mcpg.grpo.gsm8k.problems_sha256`, in the order used). ``train_set`` None: not read."""
-    rec = {"task": cfg["task"], "source": data_source(cfg)}
+def data_record(cfg, train_set: list[dict] | None, eval_set: list[dict],
+                task: CustomTask | None = None) -> dict:
+    """What a run records of its problems (``PROVENANCE.json``'s ``data``): the task (``dataset`` for
+    datasets of your own), the source (:func:`data_source`), for each split the number of problems
+    and their SHA-256 (:func:`mcpg.grpo.gsm8k.problems_sha256`, or
+    :func:`mcpg.grpo.custom.problems_sha256` of a dataset's rows, in the order used), and the
+    reward functions of your own by name. ``train_set`` None: not read."""
+    mine = task is not None and task.datasets
+    digest = custom.problems_sha256 if mine else problems_sha256
+    rec = {"task": "dataset" if mine else check_config(cfg).task, "source": data_source(cfg, task)}
     if train_set is not None:
-        rec.update(train_n=len(train_set), train_sha256=problems_sha256(train_set))
-    rec.update(eval_n=len(eval_set), eval_sha256=problems_sha256(eval_set))
+        rec.update(train_n=len(train_set), train_sha256=digest(train_set))
+    rec.update(eval_n=len(eval_set), eval_sha256=digest(eval_set))
+    if task is not None and task.rewards is not None:
+        rec["reward_funcs"] = task.rewards.names
     return rec
 
 
-def load_problems(cfg, load_train: bool = True) -> tuple[list[dict] | None, list[dict]]:
-    """The config's problems, ``(train, eval)`` (train None unless ``load_train``): what
-    :class:`Engine` trains and evaluates on, read before any model loads."""
-    return (_load_split(cfg, "train") if load_train else None), _load_split(cfg, "test")
+def load_problems(cfg, load_train: bool = True, task: CustomTask | None = None
+                  ) -> tuple[list[dict] | None, list[dict]]:
+    """The config's problems (or ``task``'s datasets), ``(train, eval)`` (train None unless
+    ``load_train``): what :class:`Engine` trains and evaluates on, read before any model loads."""
+    return (_load_split(cfg, "train", task) if load_train else None), _load_split(cfg, "test", task)
 
 
 def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) -> None:
@@ -259,7 +374,8 @@ def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) 
         if key in recorded and key in now and recorded[key] != now[key]:
             words = "training" if split == "train" else "held-out"
             source = recorded.get("source")
-            hint = (f"point config key data_dir or ${GSM8K_DIR_ENV} at {source}"
+            hint = (f"give the datasets the run read ({source})" if recorded.get("task") == "dataset"
+                    else f"point config key data_dir or ${GSM8K_DIR_ENV} at {source}"
                     if str(source).startswith("/") else f"read them from {source}")
             raise ValueError(
                 f"{what}: the {words} problems read from {now['source']} (SHA-256 {now[key][:12]}...) "
@@ -307,6 +423,11 @@ def _mean(x) -> float | None:
     return float(x.mean()) if x.size else None
 
 
+def _mean_known(x: list) -> float | None:
+    """The mean, or None when some value is unknown (None)."""
+    return None if any(v is None for v in x) else _mean(x)
+
+
 # ------------------------------------------------------------------------------------------
 # the engine: model, agents, router, optimizers, and one update
 # ------------------------------------------------------------------------------------------
@@ -317,91 +438,92 @@ class Engine:
     :meth:`update` performs one update; :meth:`evaluate` the held-out evaluation.
     """
 
-    def __init__(self, cfg: dict, signal: str, dist: Dist | None = None, load_train: bool = True,
-                 data: tuple[list[dict] | None, list[dict]] | None = None):
-        """``data``: the problems, ``(train, eval)``, already read (:func:`load_problems`);
-        by default they are read here, before the model loads."""
+    def __init__(self, cfg: GRPOConfig | dict, signal: str | None = None, dist: Dist | None = None,
+                 load_train: bool = True, data: tuple[list[dict] | None, list[dict]] | None = None,
+                 rewards: RewardScorer | None = None):
+        """``signal``: the config's signal where it has none
+        (:meth:`mcpg.grpo.configs.GRPOConfig.with_signal`). ``data``: the problems, ``(train, eval)``,
+        already read (:func:`load_problems`); by default the config's, read here, before the model
+        loads. ``rewards``: reward functions of your own (:class:`mcpg.grpo.custom.RewardScorer`);
+        None: :func:`mcpg.grpo.gsm8k.reward`."""
         from .models import load_base
 
-        if signal not in SIGNALS:
-            raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
-        if cfg["exact_budget"] and signal != "removal":
-            raise ValueError(f"config key 'exact_budget' corrects the removal signal only, "
-                             f"got signal {signal!r}")
-        self.cfg, self.signal = cfg, signal
-        if cfg["threads"]:  # as the command line does: one thread avoids oversubscribed cores
-            torch.set_num_threads(cfg["threads"])
-        device = cfg["device"]
+        cfg = check_config(cfg).with_signal(signal)
+        self.cfg, self.signal, self.rewards = cfg, cfg.signal, rewards
+        signal = cfg.signal
+        if cfg.threads:  # as the command line does: one thread avoids oversubscribed cores
+            torch.set_num_threads(cfg.threads)
+        device = cfg.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"config {cfg['name']!r} needs a CUDA GPU (device='cuda'); none is available")
+            raise ValueError(f"config {cfg.name!r} needs a CUDA GPU (device='cuda'); none is available")
         self.dist = dist or Dist(device)
-        if cfg["scale_rewards"] == "batch" and self.dist.world > 1:  # each process would see its own batch
+        if cfg.scale_rewards == "batch" and self.dist.world > 1:  # each process would see its own batch
             raise ValueError("config key 'scale_rewards': 'batch' needs one process (not data parallel)")
-        seed = cfg["seed"]
+        seed = cfg.seed
         torch.manual_seed(seed + 100_003 * self.dist.rank)
         random.seed(seed + self.dist.rank)
         self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
         self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
         # exact evaluations on a budget (removal only): their own draws Z, so budget 0 changes nothing
-        self.budget = ExactBudget(cfg["exact_budget"], cfg["allocation"]) if signal == "removal" else None
+        self.budget = ExactBudget(cfg.exact_budget, cfg.allocation) if signal == "removal" else None
         self.budget_rng = np.random.default_rng([seed, 3, self.dist.rank])
         # allocation "leverage" reads each completion's gradient leverage off the rollout
-        self._leverage_rule = bool(self.budget is not None and cfg["exact_budget"] > 0
-                                   and cfg["allocation"] == "leverage")
+        self._leverage_rule = bool(self.budget is not None and cfg.exact_budget > 0
+                                   and cfg.allocation == "leverage")
 
         if data is None:
             data = load_problems(cfg, load_train)
         self.train_set, self.eval_set = (data[0] if load_train else None) or [], data[1]
-        if load_train and cfg["prompts_per_update"] > len(self.train_set):
+        if load_train and cfg.prompts_per_update > len(self.train_set):
             raise ValueError(
-                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) exceeds the "
+                f"config key 'prompts_per_update' ({cfg.prompts_per_update}) exceeds the "
                 f"{len(self.train_set)} training problems"
             )
-        if cfg["prompts_per_update"] % self.dist.world:
+        if cfg.prompts_per_update % self.dist.world:
             raise ValueError(
-                f"config key 'prompts_per_update' ({cfg['prompts_per_update']}) must be a multiple "
+                f"config key 'prompts_per_update' ({cfg.prompts_per_update}) must be a multiple "
                 f"of the number of processes ({self.dist.world})"
             )
 
-        check_model_spec(cfg["model"])
+        check_model_spec(cfg.model)
         try:
             model, tok, self.model_source = load_base(
-                cfg["model"], dtype=cfg["dtype"], device=str(self.dist.device), seed=seed
+                cfg.model, dtype=cfg.dtype, device=str(self.dist.device), seed=seed
             )
         except (OSError, ValueError) as err:  # the hub's or a loader's words, on one line
             first = " ".join(str(err).split())[:300]
-            raise ValueError(f"config key 'model' ({cfg['model']!r}) could not be loaded: {first}") from err
-        self.agents = [AgentSpec(**a) for a in cfg["agents"]]
+            raise ValueError(f"config key 'model' ({cfg.model!r}) could not be loaded: {first}") from err
+        self.agents = [AgentSpec(**a) for a in cfg.agents]
         self.K = len(self.agents)
         self.pool = AgentPool(
             model,
             tok,
             self.agents,
-            lora_r=cfg["lora_r"],
-            lora_alpha=cfg["lora_alpha"],
-            target_modules=cfg["lora_target_modules"],
+            lora_r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            target_modules=cfg.lora_target_modules,
             seed=seed,
-            instruction=cfg["instruction"],
-            gradient_checkpointing=cfg["gradient_checkpointing"],
-            logprob_chunk=cfg["logprob_chunk"],
-            share_prefill=cfg["shared_prefix"],
+            instruction=cfg.instruction,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            logprob_chunk=cfg.logprob_chunk,
+            share_prefill=cfg.shared_prefix,
         )
         self.features = CandidateFeatures(
-            self.K, cfg["question_features"], cfg["candidate_features"], kind=cfg["router_features"]
+            self.K, cfg.question_features, cfg.candidate_features, kind=cfg.router_features
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.router = Router(
-                self.features.dim, cfg["router_hidden"], cfg["router_tau"], cfg["router_eps"]
+                self.features.dim, cfg.router_hidden, cfg.router_tau, cfg.router_eps
             )
         self.optimizer = torch.optim.AdamW(
             [{"params": self.pool.adapter_params(a.name), "name": a.name} for a in self.agents],
-            lr=cfg["learning_rate"],
-            weight_decay=cfg["weight_decay"],
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
         )
-        self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg["router_lr"])
+        self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg.router_lr)
         self.replay: list[
             dict[str, torch.Tensor]
         ] = []  # logged slates of earlier updates (the router's data)
@@ -431,7 +553,7 @@ class Engine:
     def _draw_problems(self) -> list[dict]:
         """This update's problems: ``prompts_per_update`` drawn without replacement (the same draw
         in every process); each process keeps every ``world``-th."""
-        chosen = self.data_rng.choice(len(self.train_set), size=self.cfg["prompts_per_update"], replace=False)
+        chosen = self.data_rng.choice(len(self.train_set), size=self.cfg.prompts_per_update, replace=False)
         return [self.train_set[i] for i in chosen[self.dist.rank :: self.dist.world]]
 
     def _rollout(self, questions: list[str], m: int, progress: bool) -> Rollout:
@@ -440,13 +562,13 @@ class Engine:
 
         cfg = self.cfg
         prompts, adapters, temps, _ = self.prompt_rows(questions, m)
-        bs = cfg["generation_batch_size"] or len(prompts)
-        steps = -(-len(prompts) // bs) * cfg["max_new_tokens"]
+        bs = cfg.generation_batch_size or len(prompts)
+        steps = -(-len(prompts) // bs) * cfg.max_completion_length
         with tqdm(total=steps, desc=f"rollout {self.step + 1} ({len(prompts)} completions)", unit="tok",
                   leave=False, disable=not (progress and self.dist.main)) as bar:
-            return self.pool.generate(prompts, adapters, temps, cfg["max_new_tokens"],
-                                      batch_size=cfg["generation_batch_size"] or None, progress=bar,
-                                      stop_at_answer=cfg["stop_at_answer"], keep_logprobs=self._leverage_rule)
+            return self.pool.generate(prompts, adapters, temps, cfg.max_completion_length,
+                                      batch_size=cfg.generation_batch_size or None, progress=bar,
+                                      stop_at_answer=cfg.stop_at_answer, keep_logprobs=self._leverage_rule)
 
     def _slate_features(self, questions: list[str], roll: Rollout, slates: Slates) -> torch.Tensor:
         """The router's features of the rollout's candidates, as slates (B, m, K, dim)."""
@@ -458,7 +580,7 @@ class Engine:
     def update(self, progress: bool = False) -> dict:
         """One update of paper §8, top to bottom; returns the metrics row (the rollout's logged
         slates are left in ``last_slates``, the rows of ``slates.jsonl``)."""
-        cfg, K, m = self.cfg, self.K, self.cfg["completions_per_agent"]
+        cfg, K, m = self.cfg, self.K, self.cfg.completions_per_agent
         t0 = time.perf_counter()
         problems = self._draw_problems()
         questions = [p["question"] for p in problems]
@@ -467,10 +589,14 @@ class Engine:
         # 1. rollout: each agent samples m completions of each problem; slate g = the g-th of each
         roll = self._rollout(questions, m, progress)
         t_gen = time.perf_counter()
-        # 2. every candidate's reward R^(j) (its committed answer against the gold one), (B, m, K)
-        golds = [p["gold"] for p in problems for _ in range(K * m)]
-        R = slates.from_rows(np.array([reward(t, g, truncated=bool(c))
-                                       for t, g, c in zip(roll.texts, golds, roll.truncated.tolist())]))
+        # 2. every candidate's reward R^(j) (its committed answer against the gold one, or the
+        #    reward functions of your own), (B, m, K)
+        if self.rewards is None:
+            golds = [p["gold"] for p in problems for _ in range(K * m)]
+            R = slates.from_rows(np.array([reward(t, g, truncated=bool(c))
+                                           for t, g, c in zip(roll.texts, golds, roll.truncated.tolist())]))
+        else:
+            R = slates.from_rows(self._custom_rewards([p for p in problems for _ in range(K * m)], roll))
         # 3. the current router, fixed during the update: propensities p (Eq. 3), leave-one-out
         #    propensities P and outcome estimates mu_hat = sigmoid(s)
         feats = self._slate_features(questions, roll, slates)
@@ -482,8 +608,8 @@ class Engine:
         #       exact budget evaluates the slates Eq. (22) draws and credits Eq. (21) (chapter 9);
         #    6. advantages: each agent's scores within its group of m completions of one problem
         lev = self._leverage(roll, slates) if self._leverage_rule else None
-        step = route_and_credit(self.signal, p, P, mu, R, self.select_rng, cfg["scale_rewards"],
-                                cfg["advantage_eps"], budget=self.budget,
+        step = route_and_credit(self.signal, p, P, mu, R, self.select_rng, cfg.scale_rewards,
+                                cfg.advantage_eps, budget=self.budget,
                                 budget_rng=self.budget_rng if self.budget is not None else None, leverage=lev)
         I, G, scores, A, exact = step.I, step.G, step.scores, step.advantages, step.exact  # noqa: E741
         # 7. actor update: the clipped GRPO loss on each agent's own adapter
@@ -496,12 +622,19 @@ class Engine:
         self._check_in_sync()
 
         log = self._gather_log(questions, roll, slates, R, I, G, p, P, mu, scores, exact)
-        self.last_slates = rundir.slates_row(log, budget=bool(cfg["exact_budget"]))
+        self.last_slates = rundir.slates_row(log, budget=bool(cfg.exact_budget))
         return rundir.metrics_row(
             log, K, update=self.step, signal=self.signal, losses=losses, router_loss=router_loss,
             clip_fraction=clip_fraction, router_slates=int(sum(len(r["selected"]) for r in self.replay)),
             diagnostics=diagnostics,
             seconds={"rollout": t_gen - t0, "actor": t_actor - t_gen, "total": time.perf_counter() - t0})
+
+    def _custom_rewards(self, row_problems: list[dict], roll: Rollout, correct: bool = False) -> np.ndarray:
+        """The rollout's rewards by the reward functions of your own (``row_problems[r]``: row r's
+        problem); ``correct``: 1 where a row earns the full reward, else 0 (the evaluation's)."""
+        ids = [row[mask > 0].tolist() for row, mask in zip(roll.completion_ids, roll.completion_mask)]
+        score = self.rewards.correct if correct else self.rewards
+        return score(row_problems, roll.texts, ids, self.step, self.cfg.updates)
 
     def _leverage(self, roll: Rollout, slates: Slates) -> np.ndarray:
         """Each completion's gradient leverage, as slates (B, m, K): :func:`leverage_proxy` of its
@@ -517,7 +650,7 @@ class Engine:
         """The completion tokens the loss counts: all, or (``mask_truncated_completions``) those
         of rows not cut at the token budget."""
         trained = roll.completion_mask
-        if self.cfg["mask_truncated_completions"]:
+        if self.cfg.mask_truncated_completions:
             trained = trained * (~roll.truncated.bool())[:, None].to(trained.dtype)
         return trained
 
@@ -531,11 +664,11 @@ class Engine:
             "reward": self._gather_tensor(torch.as_tensor(G.reshape(-1), dtype=torch.float32)),
             "p": self._gather_tensor(torch.as_tensor(p.reshape(-1, K), dtype=torch.float32)),
         })
-        if cfg["router_replay"]:
-            self.replay = self.replay[-cfg["router_replay"] :]
+        if cfg.router_replay:
+            self.replay = self.replay[-cfg.router_replay :]
         logged = {k: torch.cat([r[k] for r in self.replay]) for k in self.replay[0]}
         return self.router.fit(logged["features"], logged["selected"].numpy(), logged["reward"].numpy(),
-                               logged["p"].numpy(), self.router_optimizer, steps=cfg["router_steps"])
+                               logged["p"].numpy(), self.router_optimizer, steps=cfg.router_steps)
 
     def _gather_log(self, questions, roll: Rollout, slates: Slates, R, I, G, p, P, mu, scores, exact) -> dict:  # noqa: E741
         """The rollout as per-slate and per-completion lists, gathered over processes: what
@@ -614,19 +747,19 @@ class Engine:
         agent_of_row = torch.tensor([self.pool.names.index(a) for a in roll.adapters])
         trained = self._trained_mask(roll)
         norm = self._loss_normalisers(agent_of_row, trained)
-        mb = cfg["train_micro_batch"] or n
+        mb = cfg.train_micro_batch or n
         batches = [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
         old = None
-        if cfg["num_iterations"] > 1:  # logp_old from the sampling policy, before any step
+        if cfg.num_iterations > 1:  # logp_old from the sampling policy, before any step
             with torch.no_grad():
                 old = [self._logprobs(roll, rows).detach() for rows in batches]
         # beta: the KL term's reference policy, the frozen base model (AgentPool.reference_logprobs)
-        ref = [self.pool.reference_logprobs(roll.rows(rows)) for rows in batches] if cfg["beta"] else None
+        ref = [self.pool.reference_logprobs(roll.rows(rows)) for rows in batches] if cfg.beta else None
         stats = torch.zeros(K, 5, dtype=torch.float64)  # per agent: LossStats' sums (_micro_batch_loss)
         entropy = torch.zeros(K, dtype=torch.float64)  # per agent: entropy summed over its trained tokens
         grad_norms = []
         agent_loss = [0.0] * K
-        for epoch in range(cfg["num_iterations"]):
+        for epoch in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=False)
             agent_loss = [0.0] * K
             for b, rows in enumerate(batches):
@@ -672,7 +805,7 @@ class Engine:
         seqs = torch.stack([(agent_of_row == k).sum() for k in range(K)]).double()
         return {"tokens": self.dist.sum_(tokens.to(self.dist.device)).cpu(),
                 "seqs": self.dist.sum_(seqs.to(self.dist.device)).cpu(),
-                "by_tokens": self.cfg["loss_type"] in ("dapo", "bnpo")}
+                "by_tokens": self.cfg.loss_type in ("dapo", "bnpo")}
 
     def _micro_batch_loss(self, logp, logp_old, adv, trained, agents, norm: dict, agent_loss: list[float],
                           stats: torch.Tensor, logp_ref: torch.Tensor | None = None) -> torch.Tensor:
@@ -689,9 +822,9 @@ class Engine:
                 continue
             mk = mask[sel]
             lk, st = clipped_grpo_loss(
-                logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk, clip_eps=cfg["clip_eps"],
-                clip_eps_high=cfg["clip_eps_high"], loss_type=cfg["loss_type"],
-                max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"],
+                logp[sel], logp_old[sel], adv[agents == k].to(logp.device), mk, clip_eps=cfg.epsilon,
+                clip_eps_high=cfg.epsilon_high, loss_type=cfg.loss_type,
+                max_completion_length=cfg.max_completion_length, beta=cfg.beta,
                 logp_ref=None if logp_ref is None else logp_ref[sel], return_stats=True)
             stats[k] += torch.stack([st.low_clipped, st.high_clipped, st.approx_kl, st.kl, st.tokens]).cpu()
             share = ((mk.sum().clamp(min=1.0) / norm["tokens"][k].clamp(min=1.0)) if norm["by_tokens"]
@@ -711,8 +844,8 @@ class Engine:
         norms = []
         for a in self.agents:
             params = self.pool.adapter_params(a.name)
-            if self.cfg["max_grad_norm"]:
-                norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.cfg["max_grad_norm"])))
+            if self.cfg.max_grad_norm:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)))
             else:
                 grads = [p.grad for p in params if p.grad is not None]
                 norms.append(float(torch.nn.utils.get_total_norm(grads)))
@@ -793,6 +926,9 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     ``specialization`` is None when no held-out problem matches a specialty.
     ``base``: an earlier evaluation of the same problems; its ``base_accuracy`` and
     ``base_correct`` are reused (the frozen model does not change), so no base rows are generated.
+    With reward functions of your own an answer is correct when it earns the full reward, 1
+    (:mod:`mcpg.grpo.custom`); ``strict_accuracy`` and ``flexible_accuracy`` are None on a
+    dataset of your own (they read GSM8K's gold number).
     """
     from tqdm.auto import tqdm
 
@@ -801,8 +937,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     questions = [p["question"] for p in problems]
     with_base = base is None  # the frozen model never changes: an earlier evaluation's base is reused
     prompts, adapters, temps, agent_ids = engine.prompt_rows(questions, 1, with_base=with_base)
-    bs = min(cfg["eval_batch_size"], len(prompts))  # bounded: any split fits in memory
-    steps = -(-len(prompts) // bs) * cfg["eval_max_new_tokens"]
+    bs = min(cfg.eval_batch_size, len(prompts))  # bounded: any split fits in memory
+    steps = -(-len(prompts) // bs) * cfg.eval_max_new_tokens
     with tqdm(
         total=steps,
         desc=f"evaluate ({len(prompts)} greedy answers)",
@@ -811,16 +947,22 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         disable=not (progress and dist.main),
     ) as bar:
         roll = engine.pool.generate(
-            prompts, adapters, temps, cfg["eval_max_new_tokens"], greedy=True, batch_size=bs, progress=bar,
-            stop_at_answer=cfg["stop_at_answer"],
+            prompts, adapters, temps, cfg.eval_max_new_tokens, greedy=True, batch_size=bs, progress=bar,
+            stop_at_answer=cfg.stop_at_answer,
         )
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
+    if engine.rewards is not None:  # yours: correct = the full reward (mcpg.grpo.custom)
+        mine = engine._custom_rewards([p for p in problems for _ in range(K + with_base)], roll, correct=True)
     per_problem = []
     for b, prob in enumerate(problems):
         rows = range(b * (K + with_base), (b + 1) * (K + with_base))
         texts = [roll.texts[r] for r in rows]
         trunc = [bool(roll.truncated[r]) for r in rows]
-        R = [reward(t, prob["gold"], truncated=c) for t, c in zip(texts, trunc)]
+        if engine.rewards is None:
+            R = [reward(t, prob["gold"], truncated=c) for t, c in zip(texts, trunc)]
+        else:
+            R = [float(mine[r]) for r in rows]
+        gold = prob.get("gold")  # GSM8K's and the arithmetic task's; a dataset of your own has none
         f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
         rt = engine.router.route(f)
         d = int(np.argmax(rt["scores"]))
@@ -834,8 +976,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
                 "matched": spec_idx.get(question_specialty(prob["question"])),
                 "mu_hat": [float(x) for x in rt["mu_hat"]],
                 "truncated": trunc[:K],
-                "strict": is_correct(texts[d], prob["gold"], mode="strict"),
-                "flexible": is_correct(texts[d], prob["gold"], mode="flexible"),
+                "strict": None if gold is None else is_correct(texts[d], gold, mode="strict"),
+                "flexible": None if gold is None else is_correct(texts[d], gold, mode="flexible"),
             }
         )
     allp = dist.gather(per_problem)
@@ -866,8 +1008,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         "router_auc": roc_auc(mu, Rm),
         "router_auc_within": within_slate_auc(mu, Rm),
         "mu_hat": mu.tolist(),
-        "strict_accuracy": _mean([x["strict"] for x in allp]),
-        "flexible_accuracy": _mean([x["flexible"] for x in allp]),
+        "strict_accuracy": _mean_known([x["strict"] for x in allp]),
+        "flexible_accuracy": _mean_known([x["flexible"] for x in allp]),
         "truncated": _mean([t for x in allp for t in x["truncated"]]),
     }
 
@@ -913,21 +1055,27 @@ def _updates_done(out: Path) -> int:
     return 0
 
 
-def _check_resumed_config(given, saved_raw: dict, saved, updates: int | None) -> None:
-    """A config given with ``resume`` must be the run's own: every key the run's config.json
-    holds must agree, apart from :data:`RUNTIME_KEYS` and, with ``updates`` given, ``updates``."""
+def _check_resumed_config(given: GRPOConfig, saved_raw: dict, saved: GRPOConfig, updates: int | None) -> None:
+    """A config given with ``resume`` (a config, or keys to override) must be the run's own: every
+    key the run's config.json holds (``saved_raw``, old key names read as their new ones) must
+    agree, apart from :data:`RUNTIME_KEYS`, ``updates`` when ``updates`` is given, and a
+    ``signal`` the given config leaves unchosen (the signal is checked on its own)."""
+    saved_raw = canonical_keys(saved_raw, warn=False)
     differ = []
     for key in saved:
         if key in RUNTIME_KEYS or key not in saved_raw or (key == "updates" and updates is not None):
             continue
-        if given[key] != saved[key]:
-            differ.append(f"{key} ({saved[key]!r} in the run, {given[key]!r} given)")
+        if key == "signal" and given.signal is None:
+            continue
+        mine, theirs = getattr(saved, key), getattr(given, key)
+        if theirs != mine:
+            differ.append(f"{key} ({mine!r} in the run, {theirs!r} given)")
     if differ:
         more = any(d.startswith("updates ") for d in differ)
         hint = "; to run more updates pass updates (--updates)" if more else ""
-        raise ValueError(f"the config given with resume differs from the run's config.json in "
-                         f"{'; '.join(differ[:4])}{' and more' if len(differ) > 4 else ''}: resume without a "
-                         f"config (the run's own is used), or start a new run in a new output{hint}")
+        raise ValueError(f"the config (or keys) given with resume differs from the run's config.json in "
+                         f"{'; '.join(differ[:4])}{' and more' if len(differ) > 4 else ''}: resume without "
+                         f"them (the run's own config is used), or start a new run in a new output{hint}")
 
 
 def _recorded_data(run: Path) -> dict | None:
@@ -941,22 +1089,28 @@ def _recorded_data(run: Path) -> dict | None:
 
 
 def train(
-    config: str | dict | None,
-    signal: str,
+    config: str | dict | GRPOConfig | None,
+    signal: str | None,
     output: str | os.PathLike,
     updates: int | None = None,
     resume: bool = False,
     stop_after: int | None = None,
     progress: bool | None = None,
+    reward_funcs=None,
+    train_dataset=None,
+    eval_dataset=None,
     **overrides,
 ) -> dict | None:
     """Train K routed agents with one credit signal; write the run directory; return eval.json.
 
     Args:
         config: a named config (``tiny-random``, ``cpu-smoke``, ``colab``, ``paper``), a JSON
-            file, or a dict (see :mod:`mcpg.grpo.configs`). On ``resume`` it may be None (the
-            run's ``config.json`` is used); one that is given is checked against it.
-        signal: ``wta``, ``removal`` or ``oracle``.
+            file, a dict or a :class:`~mcpg.grpo.configs.GRPOConfig` (see :mod:`mcpg.grpo.configs`).
+            On ``resume`` it may be None (the run's ``config.json`` is used); one that is given is
+            checked against it.
+        signal: ``wta``, ``removal`` or ``oracle``; None: the config's key ``signal``. A config
+            that has a signal must agree with this one (:meth:`mcpg.grpo.configs.GRPOConfig.with_signal`); on
+            ``resume`` it must be the run's.
         output: the run directory: new or empty, or a run to resume.
         updates: total number of updates (overrides the config; on resume, extends or shortens
             the run, never below the updates its checkpoint holds).
@@ -964,14 +1118,18 @@ def train(
         stop_after: stop after this many updates of this call, before evaluating (simulates an
             interruption; the checkpoint is left as a crash would leave it). Returns None then.
         progress: tqdm bars (default: the config's ``progress``).
-        **overrides: further config keys (not on resume).
+        reward_funcs: reward functions of your own, with TRL's signature (a function, or a list
+            of functions and ``module:function`` names; :mod:`mcpg.grpo.custom` says what they
+            receive and return); None: :func:`mcpg.grpo.gsm8k.reward` on the config's task.
+        train_dataset, eval_dataset: datasets of your own (a ``datasets.Dataset`` with a
+            ``prompt`` column, or a path), given together and with ``reward_funcs``; None: the
+            config's task's problems.
+        **overrides: further config keys (on resume, only ones equal to the run's).
 
     Every mistake in the arguments, the config, the data or the output directory is a ValueError
     raised before the directory is touched (and, where it can be told without it, before the
     model loads).
     """
-    if signal not in SIGNALS:
-        raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
     out = Path(output)
     cfg_path, ckpt = out / rundir.CONFIG, out / rundir.CHECKPOINT
     recorded = None
@@ -979,35 +1137,40 @@ def train(
         if not cfg_path.exists():
             raise ValueError(f"output {out} holds no run to resume (no config.json)")
         saved = json.loads(cfg_path.read_text())
-        if saved["signal"] != signal:
+        if signal is not None and saved["signal"] != signal:
             raise ValueError(f"signal {signal!r} differs from the run's signal {saved['signal']!r}")
-        if overrides:
-            raise ValueError(f"config overrides {sorted(overrides)} cannot change a run on resume")
-        cfg = saved_config(saved["config"])
-        if config is not None:
-            _check_resumed_config(resolve_config(config), saved["config"], cfg, updates)
+        cfg = saved_config(saved)
+        if config is not None or overrides:
+            given = resolve_config(cfg if config is None else config, **overrides)
+            _check_resumed_config(given, saved["config"], cfg, updates)
         done = _updates_done(out)
         if updates is not None:
             if int(updates) < done:
                 raise ValueError(f"updates={updates} is below the {done} updates run {out} has done: give "
-                                 f"{done} or more (--updates), or none to keep its {cfg['updates']}")
+                                 f"{done} or more (--updates), or none to keep its {cfg.updates}")
             cfg = cfg.replace(updates=int(updates))
         recorded = _recorded_data(out)
+        task = custom_task(cfg, reward_funcs, train_dataset, eval_dataset, saved=saved)
     else:
         if config is None:
             raise ValueError("a new run needs a config (--config): a named config or a JSON file")
         _check_new_output(out)
         cfg = resolve_config(config, **overrides)
         if updates is not None:
-            cfg = resolve_config(cfg, updates=int(updates))
-    show = cfg["progress"] if progress is None else progress
-    check_available(cfg["report_to"])  # before the model loads
-    check_model_spec(cfg["model"])
-    problems = load_problems(cfg)
-    data = data_record(cfg, *problems)
+            cfg = cfg.replace(updates=int(updates))
+        cfg = cfg.with_signal(signal)
+        task = custom_task(cfg, reward_funcs, train_dataset, eval_dataset)
+    signal = cfg.signal
+    show = cfg.progress if progress is None else progress
+    check_available(cfg.report_to)  # before the model loads
+    check_model_spec(cfg.model)
+    problems = load_problems(cfg, task=task)
+    data = data_record(cfg, *problems, task=task)
     check_same_problems(recorded, data, out, "resume")
+    if task.rewards is not None:
+        task.rewards.probe(problems[1][:1])  # what they return, checked before the model loads
 
-    engine = Engine(cfg, signal, data=problems)
+    engine = Engine(cfg, signal, data=problems, rewards=task.rewards)
     dist = engine.dist
     writer = RunWriter(out)
     if resume:
@@ -1018,7 +1181,7 @@ def train(
         if dist.main:
             writer.truncate(engine.step)
     if dist.main:
-        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world)
+        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
         # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
         start_run(out, resume=resume, data=data)
     dist.barrier()
@@ -1027,7 +1190,7 @@ def train(
 
     initial = None
     init_path = out / "initial_eval.json"
-    if cfg["eval_initial"]:
+    if cfg.eval_initial:
         if engine.step == 0 and not init_path.exists():
             initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
             if dist.main:
@@ -1037,26 +1200,26 @@ def train(
         dist.barrier()
 
     start = engine.step
-    report = MetricsReport(cfg["report_to"] if dist.main else [], out, engine.pool.names,
+    report = MetricsReport(cfg.report_to if dist.main else [], out, engine.pool.names,
                            purge_step=start + 1 if resume else None)
     with tqdm(
-        total=cfg["updates"],
+        total=cfg.updates,
         initial=start,
         desc=f"GRPO {signal}",
         unit="update",
         disable=not (show and dist.main),
     ) as bar:
-        while engine.step < cfg["updates"]:
+        while engine.step < cfg.updates:
             if stop_after is not None and engine.step - start >= stop_after:
                 report.close()
                 return None
             row = engine.update(progress=show)
-            if cfg["eval_every"] and engine.step % cfg["eval_every"] == 0 and engine.step < cfg["updates"]:
+            if cfg.eval_every and engine.step % cfg.eval_every == 0 and engine.step < cfg.updates:
                 row["eval"] = engine.evaluate(progress=show, base=initial)
             if dist.main:
                 line = writer.update(row, engine.last_slates)
                 report.write(json.loads(line))  # the row as written
-            if engine.step % cfg["checkpoint_every"] == 0 or engine.step == cfg["updates"]:
+            if engine.step % cfg.checkpoint_every == 0 or engine.step == cfg.updates:
                 engine.save_checkpoint(out / "checkpoint")
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
@@ -1088,33 +1251,43 @@ def _initial_keys(initial: dict | None) -> dict:
     }
 
 
-def evaluate_run(run: str | os.PathLike, progress: bool | None = None) -> dict:
+def evaluate_run(run: str | os.PathLike, progress: bool | None = None, reward_funcs=None,
+                 eval_dataset=None) -> dict:
     """Re-evaluate a finished run directory's final weights on its own held-out problems and
     rewrite eval.json; the call is added to its ``PROVENANCE.json``.
 
+    A run trained with reward functions or datasets of your own is evaluated with the same
+    (:func:`custom_task`): ``reward_funcs`` and ``eval_dataset`` given again, or, when not
+    given, the functions it recorded imported by name and its held-out dataset read from the
+    recorded path.
+
     Refused, before the model loads and with the directory untouched: a run that has not
-    finished (no final weights: ``train --resume`` finishes it), and held-out problems whose
-    SHA-256 differs from the ones the run recorded (another ``data_dir`` or ``$MCPG_GSM8K_DIR``),
-    which would break eval.json's pairing with ``initial_correct``.
+    finished (no final weights: ``train --resume`` finishes it), other reward functions than the
+    run's, and held-out problems whose SHA-256 differs from the ones the run recorded (another
+    ``data_dir`` or ``$MCPG_GSM8K_DIR``, another dataset), which would break eval.json's pairing
+    with ``initial_correct``.
     """
     run = Path(run)
     if not (run / rundir.CONFIG).exists():
         raise ValueError(f"run {run} has no config.json")
     saved = json.loads((run / rundir.CONFIG).read_text())
-    cfg = saved_config(saved["config"])
+    cfg = saved_config(saved)
     if not ((run / rundir.ADAPTERS).is_dir() and (run / rundir.ROUTER).exists()):
         done = _updates_done(run)
-        raise ValueError(f"run {run} has not finished ({done} of {cfg['updates']} updates, no final "
+        raise ValueError(f"run {run} has not finished ({done} of {cfg.updates} updates, no final "
                          f"weights): finish it with python -m mcpg.grpo train --signal {saved['signal']} "
                          f"--output {run} --resume, then evaluate it")
-    check_model_spec(cfg["model"])
-    problems = load_problems(cfg, load_train=False)
-    data = data_record(cfg, None, problems[1])
+    check_model_spec(cfg.model)
+    task = custom_task(cfg, reward_funcs, None, eval_dataset, saved=saved, load_train=False)
+    problems = load_problems(cfg, load_train=False, task=task)
+    data = data_record(cfg, None, problems[1], task=task)
     check_same_problems(_recorded_data(run), data, run, "evaluate")
-    engine = Engine(cfg, saved["signal"], load_train=False, data=problems)
+    if task.rewards is not None:
+        task.rewards.probe(problems[1][:1])
+    engine = Engine(cfg, saved["signal"], load_train=False, data=problems, rewards=task.rewards)
     engine.pool.load_adapters(run / rundir.ADAPTERS)
     engine.router.load(run / rundir.ROUTER)
-    show = cfg["progress"] if progress is None else progress
+    show = cfg.progress if progress is None else progress
     result = engine.evaluate(progress=show)
     old = json.loads((run / rundir.EVAL).read_text()) if (run / rundir.EVAL).exists() else {}
     steps = old.get("updates", _updates_done(run) or None)
