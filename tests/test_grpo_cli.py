@@ -295,6 +295,35 @@ def test_centred_recording_is_the_grids_centred_jobs_at_its_own_commit(tmp_path)
     assert rec.recorded_commits("grid-mask-centred", tmp_path) == {"abc1234"}
 
 
+def test_recorder_shares_each_seeds_untrained_evaluation(tmp_path):
+    # --share-initial: a seed's first arm evaluates the untrained pool; its other arms wait for
+    # that file and take it (train --initial_eval), while other seeds' first arms use the cores
+    rec = _recorder()
+    jobs = [rec._job(j, "grid-mask-centred") for j in rec.JOBS["grid-mask-centred"]]
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    wta3, rem3, wta4 = jobs[0], jobs[1], jobs[2]
+    assert rec.donor(wta3, jobs) is None and rec.donor(rem3, jobs) == wta3
+    assert rec._next(list(jobs), jobs, runs, results, share=False, busy=True) == (0, None)
+    # seed 3's wta is running, its evaluation not written yet: removal waits, seed 4's wta starts
+    assert rec._next(jobs[1:], jobs, runs, results, share=True, busy=True) == (1, None)
+    (runs / wta3[2]).mkdir(parents=True)
+    (runs / wta3[2] / "initial_eval.json").write_text("{}")
+    assert rec._next(jobs[1:], jobs, runs, results, share=True, busy=True) == (0, runs / wta3[2])
+    # recorded, the results' copy serves; a started job resumes with its own
+    (results / wta3[2]).mkdir(parents=True)
+    (results / wta3[2] / "initial_eval.json").write_text("{}")
+    assert rec._next(jobs[1:], jobs, runs, results, share=True, busy=False) == (0, results / wta3[2])
+    # its donor failed (not pending, nothing running, no file): removal computes its own
+    (results / wta3[2] / "initial_eval.json").unlink()
+    (runs / wta3[2] / "initial_eval.json").unlink()
+    assert rec._next([rem3], jobs, runs, results, share=True, busy=False) == (0, None)
+    assert rec._next([rem3], jobs, runs, results, share=True, busy=True) == (None, None)
+    (runs / rem3[2]).mkdir(parents=True)
+    (runs / rem3[2] / "config.json").write_text("{}")
+    assert rec._next([rem3], jobs, runs, results, share=True, busy=True) == (0, None)
+    assert rec.donor(wta4, jobs) is None
+
+
 def test_cut_answers_are_sorted_by_kind():
     # scripts/ch08_cut_answers.py: a cut answer that finished its "#### n" line committed; one
     # whose marker line is unfinished, or that has no marker, did not finish a line

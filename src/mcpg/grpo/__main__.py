@@ -252,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--reward_funcs", nargs="+", metavar="MODULE:FUNCTION", help=reward_help)
     t.add_argument("--train_dataset", metavar="PATH", help=data_help.format("training"))
     t.add_argument("--eval_dataset", metavar="PATH", help=data_help.format("held-out"))
+    t.add_argument("--initial_eval", metavar="RUN",
+                   help="take the untrained pool's evaluation from the run directory RUN (another arm of "
+                   "the same seed) instead of computing it; refused unless RUN's seed, config (but the "
+                   "keys only training reads), problems, model and code are this run's")
     _add_key_options(t)
     e = sub.add_parser("evaluate", help="evaluate a run directory's weights; rewrites eval.json",
                        description="Evaluate a finished run's final weights on its own held-out problems; "
@@ -403,6 +407,8 @@ def _run(args) -> dict:
     if args.command == "evaluate":
         return evaluate_run(args.run, progress=progress, **mine)
     overrides = {"threads": args.threads} if args.threads and not args.resume else {}
+    if args.initial_eval is not None:
+        overrides["initial_eval"] = args.initial_eval
     return train(args.config, args.signal, args.output, updates=args.updates, resume=args.resume,
                  progress=progress, **mine, **key_overrides(args), **overrides)
 

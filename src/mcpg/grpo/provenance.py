@@ -188,7 +188,7 @@ def call_record(code: str | os.PathLike | None = None, command: str | None = Non
 
 
 def start_run(run: str | os.PathLike, resume: bool = False, what: str | None = None,
-              data: dict | None = None) -> dict:
+              data: dict | None = None, initial_eval: str | None = None) -> dict:
     """Write (or, resumed, extend) a run directory's ``PROVENANCE.json`` at the start of a call.
 
     The top-level ``commit``, ``dirty``, ``command``, ``machine`` and ``code`` are the last
@@ -197,11 +197,15 @@ def start_run(run: str | os.PathLike, resume: bool = False, what: str | None = N
     ``evaluate``). ``data``: the problems the run reads (their source and SHA-256,
     ``mcpg.grpo.train.data_record``), kept at the top level and in the call. A resumed run
     whose directory holds no record (written by older code) starts its list with this call and
-    says so in ``resume_note``."""
+    says so in ``resume_note``. ``initial_eval``: the run directory whose evaluation of the
+    untrained pool this run took (``mcpg.grpo.train.shared_initial_eval``), in the call and at
+    the top level."""
     path = Path(run) / FILE
     call = {"call": "resume" if resume else "train", **call_record()}
     if data is not None:
         call["data"] = data
+    if initial_eval is not None:
+        call["initial_eval_from"] = initial_eval
     old = json.loads(path.read_text()) if resume and path.exists() else None
     calls = [*(old or {}).get("calls", []), call]
     prov = {
@@ -217,6 +221,9 @@ def start_run(run: str | os.PathLike, resume: bool = False, what: str | None = N
     }
     if data is not None or (old or {}).get("data") is not None:
         prov["data"] = data if data is not None else old["data"]
+    shared = [c["initial_eval_from"] for c in calls if "initial_eval_from" in c]
+    if shared:
+        prov["initial_eval_from"] = shared[0]
     prov["calls"] = calls
     if resume and old is None:
         prov["resume_note"] = "resumed a run whose earlier calls wrote no provenance"

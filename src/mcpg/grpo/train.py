@@ -187,7 +187,7 @@ from .gsm8k import (
     reward,
 )
 from .objective import clipped_grpo_loss, route_and_credit, zero_std_groups
-from .provenance import add_call, start_run
+from .provenance import add_call, code_origin, start_run
 from .router import CandidateFeatures, Router
 from .rundir import RunWriter
 from .slates import Slates
@@ -355,6 +355,55 @@ def load_problems(cfg, load_train: bool = True, task: CustomTask | None = None
     """The config's problems (or ``task``'s datasets), ``(train, eval)`` (train None unless
     ``load_train``): what :class:`Engine` trains and evaluates on, read before any model loads."""
     return (_load_split(cfg, "train", task) if load_train else None), _load_split(cfg, "test", task)
+
+
+TRAINING_ONLY_KEYS = (
+    "name", "signal", "updates", "prompts_per_update", "completions_per_agent",
+    "max_completion_length", "generation_batch_size", "train_micro_batch", "train_problems",
+    "learning_rate", "weight_decay", "max_grad_norm", "epsilon", "epsilon_high", "loss_type",
+    "num_iterations", "advantage_eps", "scale_rewards", "beta", "router_lr", "router_steps",
+    "router_replay", "mask_truncated_completions", "eval_every", "checkpoint_every", "progress",
+    "threads", "gradient_checkpointing", "report_to")
+"""Config keys that only the updates read: two runs that differ only in these (the arms of one
+seed of a grid: their signal and scaling) evaluate the same untrained pool the same way. Every
+other key, the held-out problems, the model file and the code enter :func:`initial_eval_key`;
+a key left off this list can only refuse a sharing, never allow a wrong one."""
+
+
+def initial_eval_key(config: dict, data: dict | None, model_source: str | None,
+                     code_sha256: str | None) -> dict:
+    """What the evaluation of the untrained pool (``initial_eval.json``) depends on: the config but
+    :data:`TRAINING_ONLY_KEYS`, the held-out problems (their task, source, number and SHA-256), the
+    model file the run loaded, and the SHA-256 of the engine's code
+    (:func:`mcpg.grpo.provenance.code_origin`)."""
+    cfg = saved_config(config).to_dict()  # a recorded config reads as it was written
+    held_out = {k: (data or {}).get(k) for k in ("task", "source", "eval_n", "eval_sha256", "reward_funcs")}
+    return {"config": {k: v for k, v in cfg.items() if k not in TRAINING_ONLY_KEYS}, "held_out": held_out,
+            "model_source": model_source, "code_sha256": code_sha256}
+
+
+def shared_initial_eval(source: str | os.PathLike, cfg, data: dict, model_source: str) -> Path:
+    """The ``initial_eval.json`` of the run directory ``source``, checked to be the evaluation this
+    run would compute: its :func:`initial_eval_key` (from its ``config.json`` and
+    ``PROVENANCE.json``) must equal this run's; a ValueError naming what differs otherwise."""
+    src = Path(source)
+    files = [src / rundir.INITIAL_EVAL, src / rundir.CONFIG, src / "PROVENANCE.json"]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"initial_eval {src} is not a run directory with an untrained evaluation "
+                         f"(no {', '.join(missing)})")
+    saved, prov = (json.loads(f.read_text()) for f in files[1:])
+    theirs = initial_eval_key(saved["config"], prov.get("data"), saved.get("model_source"),
+                              (prov.get("code") or {}).get("sha256"))
+    ours = initial_eval_key(cfg.to_dict(), data, model_source, code_origin()["sha256"])
+    if theirs != ours:
+        differ = [f"config key {k!r}" for k in sorted(set(ours["config"]) | set(theirs["config"]))
+                  if ours["config"].get(k) != theirs["config"].get(k)]
+        differ += [k.replace("_", " ") for k in ("held_out", "model_source", "code_sha256")
+                   if ours[k] != theirs[k]]
+        raise ValueError(f"initial_eval {src} evaluated another untrained pool ({', '.join(differ)} "
+                         "differ): give a run of the same seed, config and code, or none to evaluate it here")
+    return files[0]
 
 
 def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) -> None:
@@ -1099,6 +1148,7 @@ def train(
     reward_funcs=None,
     train_dataset=None,
     eval_dataset=None,
+    initial_eval: str | os.PathLike | None = None,
     **overrides,
 ) -> dict | None:
     """Train K routed agents with one credit signal; write the run directory; return eval.json.
@@ -1124,6 +1174,10 @@ def train(
         train_dataset, eval_dataset: datasets of your own (a ``datasets.Dataset`` with a
             ``prompt`` column, or a path), given together and with ``reward_funcs``; None: the
             config's task's problems.
+        initial_eval: a run directory whose evaluation of the untrained pool this new run takes
+            instead of computing it (another arm of the same seed): refused unless it is the one
+            this run would compute (:func:`shared_initial_eval`); the run's files are then the
+            same as if it had computed it, and its ``PROVENANCE.json`` names the source.
         **overrides: further config keys (on resume, only ones equal to the run's).
 
     Every mistake in the arguments, the config, the data or the output directory is a ValueError
@@ -1161,6 +1215,9 @@ def train(
         cfg = cfg.with_signal(signal)
         task = custom_task(cfg, reward_funcs, train_dataset, eval_dataset)
     signal = cfg.signal
+    if initial_eval is not None and (resume or not cfg.eval_initial):
+        raise ValueError("initial_eval is for a new run that evaluates its untrained pool "
+                         f"({'not with resume' if resume else 'config key eval_initial is false'})")
     show = cfg.progress if progress is None else progress
     check_available(cfg.report_to)  # before the model loads
     check_model_spec(cfg.model)
@@ -1172,6 +1229,8 @@ def train(
 
     engine = Engine(cfg, signal, data=problems, rewards=task.rewards)
     dist = engine.dist
+    shared = (None if initial_eval is None
+              else shared_initial_eval(initial_eval, cfg, data, engine.model_source))
     writer = RunWriter(out)
     if resume:
         if not ckpt.exists() and (out / "checkpoint.old").exists():
@@ -1183,7 +1242,8 @@ def train(
     if dist.main:
         writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
         # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
-        start_run(out, resume=resume, data=data)
+        start_run(out, resume=resume, data=data,
+                  initial_eval=None if shared is None else str(shared.parent.resolve()))
     dist.barrier()
 
     from tqdm.auto import tqdm
@@ -1191,7 +1251,11 @@ def train(
     initial = None
     init_path = out / "initial_eval.json"
     if cfg.eval_initial:
-        if engine.step == 0 and not init_path.exists():
+        if engine.step == 0 and not init_path.exists() and shared is not None:
+            initial = json.loads(shared.read_text())  # the same evaluation, made by another arm
+            if dist.main:
+                shutil.copyfile(shared, init_path)
+        elif engine.step == 0 and not init_path.exists():
             initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
             if dist.main:
                 writer.json(rundir.INITIAL_EVAL, initial)
