@@ -76,6 +76,8 @@ from typing import Callable
 
 import numpy as np
 
+from .gsm8k import jsonl_objects
+
 __all__ = ["FULL_REWARD_TOL", "RESERVED_COLUMNS", "reward_name", "import_reward", "reward_functions",
            "load_rows", "dataset_problems", "problems_sha256", "RewardScorer"]
 
@@ -176,23 +178,13 @@ def _dataset_rows(ds, what: str) -> list[dict]:
 
 def _jsonl_rows(path: Path, what: str) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{what} {path}, line {lineno}, column {err.colno}: not valid JSON "
-                                 f"({err.msg}); a JSON Lines file holds one JSON object per line") from None
-            except UnicodeDecodeError:
-                raise ValueError(f"{what} {path} is not a UTF-8 text file (JSON Lines)") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{what} {path}, line {lineno}: not a JSON object")
-            if "prompt" not in row:
-                raise ValueError(f"{what} {path}, line {lineno}: no 'prompt' (each row's prompt is the "
-                                 "question the agents answer)")
-            rows.append(row)
+    for lineno, row in jsonl_objects(path, "; a JSON Lines file holds one JSON object per line", what):
+        if not isinstance(row, dict):
+            raise ValueError(f"{what} {path}, line {lineno}: not a JSON object")
+        if "prompt" not in row:
+            raise ValueError(f"{what} {path}, line {lineno}: no 'prompt' (each row's prompt is the "
+                             "question the agents answer)")
+        rows.append(row)
     return rows
 
 

@@ -168,28 +168,41 @@ def reward(output, gold: float, truncated: bool = False) -> float:
     return 1.0 if is_correct(committed_answer(output, truncated), gold) else 0.0
 
 
+def jsonl_objects(path: Path, hint: str, what: str = ""):
+    """Each non-blank line of a JSON Lines file as ``(line number, value)``. Broken JSON is a
+    ValueError naming the file (after ``what``), the line and the column, then ``hint`` (what a
+    line should hold); a file that is not UTF-8 text is one too."""
+    where = f"{what} {path}" if what else f"{path}"
+    with open(path, encoding="utf-8") as fh:
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{where}, line {lineno}, column {err.colno}: not valid JSON "
+                                     f"({err.msg}){hint}") from None
+                yield lineno, value
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is not a UTF-8 text file (JSON Lines)") from None
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     """The problems of a GSM8K jsonl file; a line that is not a problem is a ValueError naming
     the file and the line (and, for broken JSON, the column)."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {lineno}, column {err.colno}: not valid JSON ({err.msg}): "
-                                 "each line must be one JSON object with 'question' and 'answer'") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) \
-                    or not isinstance(row.get("answer"), str):
-                raise ValueError(f"{path}, line {lineno}: needs the text fields 'question' and 'answer' "
-                                 "(the GSM8K release format)")
-            try:
-                gold_answer(row["answer"])
-            except ValueError as err:
-                raise ValueError(f"{path}, line {lineno}: {err}") from None
-            rows.append({"question": row["question"], "answer": row["answer"]})
+    hint = ": each line must be one JSON object with 'question' and 'answer'"
+    for lineno, row in jsonl_objects(path, hint):
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) \
+                or not isinstance(row.get("answer"), str):
+            raise ValueError(f"{path}, line {lineno}: needs the text fields 'question' and 'answer' "
+                             "(the GSM8K release format)")
+        try:
+            gold_answer(row["answer"])
+        except ValueError as err:
+            raise ValueError(f"{path}, line {lineno}: {err}") from None
+        rows.append({"question": row["question"], "answer": row["answer"]})
     if not rows:
         raise ValueError(f"{path} holds no problems: give one JSON object per line with 'question' and "
                          "'answer' (the GSM8K release format)")
