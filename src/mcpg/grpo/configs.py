@@ -79,10 +79,10 @@ class GRPOConfig(Mapping):
     """a label, written into the run directory (TRL's run_name names one run for a tracker;
     this names the config, shared by every seed of it)."""
     signal: str | None = None
-    """the credit signal: wta | removal | oracle; None — chosen by train's signal argument
+    """the credit signal, wta | removal | oracle; None — chosen by train's signal argument
     (:func:`mcpg.grpo.train.train`, ``--signal``; not a TRL key)."""
     model: str = "smollm2-135m"
-    """the base model: a hub id, a folder, tiny-random or smollm2-135m (mcpg.grpo.models.load_base's
+    """the base model, a hub id, a folder, tiny-random or smollm2-135m (mcpg.grpo.models.load_base's
     spec; TRL's ``model`` argument and ModelConfig.model_name_or_path take the first two only)."""
     dtype: str = "float32"
     """float32 | bfloat16 | float16 | auto (ModelConfig.dtype)."""
@@ -100,7 +100,7 @@ class GRPOConfig(Mapping):
     lora_target_modules: str | list[str] = "all-linear"
     """the modules each adapter adapts, peft's target_modules (ModelConfig.lora_target_modules)."""
     task: str = "gsm8k"
-    """the problems when train() is given no train_dataset: gsm8k | arithmetic (chapter 8's
+    """the problems when train() is given no train_dataset, gsm8k | arithmetic (chapter 8's
     CPU-size task, generated in memory)."""
     data_dir: str | None = None
     """local GSM8K folder; None — $MCPG_GSM8K_DIR, else the hub."""
@@ -147,11 +147,11 @@ class GRPOConfig(Mapping):
     advantage_eps: float = 1e-4
     """added to the group standard deviation (TRL's fixed 1e-4, not a TRL key)."""
     scale_rewards: str = "group"
-    """how each agent's scores become advantages: group | batch | none (TRL's scale_rewards:
+    """how each agent's scores become advantages, group | batch | none (TRL's scale_rewards;
     group divides by the group's std, batch is centred in the group and divided by the agent's
     std over the whole rollout, none is centred only)."""
     beta: float = 0.0
-    """the KL coefficient to the frozen base model (TRL's beta: its k3 estimator, weighted by the
+    """the KL coefficient to the frozen base model (TRL's beta, with its k3 estimator, weighted by the
     probability ratio as TRL's default use_bias_correction_kl); 0 — no KL term, no reference pass."""
     reward_weights: list[float] | None = None
     """one weight per reward function (train's reward_funcs, --reward_funcs); None — each 1

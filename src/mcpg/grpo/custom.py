@@ -82,7 +82,7 @@ __all__ = ["FULL_REWARD_TOL", "RESERVED_COLUMNS", "reward_name", "import_reward"
            "load_rows", "dataset_problems", "problems_sha256", "RewardScorer"]
 
 FULL_REWARD_TOL = 1e-6
-"""A total reward within this of 1 is the full reward: the evaluation counts the answer correct."""
+"""A total reward within this of 1 is the full reward, and the evaluation counts the answer correct."""
 
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state")
 """Keywords of the reward call that a dataset column may not be named."""

@@ -39,7 +39,7 @@ SEEDS = tuple(range(10))
 ORACLE_SEEDS = (0, 1, 2)
 """The oracle's seeds under each scaling (H3)."""
 REPLAYED = (0, 3, 6, 9)
-"""The standardised removal seeds replayed with each candidate's cut flag (H2): 3 collapsed and
+"""The standardised removal seeds replayed with each candidate's cut flag for H2; 3 collapsed,
 6 failed a cut measure, 0 and 9 were healthy."""
 H1_PREDICTION = 0.07
 """The low end of chapter 7's simulated prediction for centred removal - winner-take-all."""

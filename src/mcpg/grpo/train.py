@@ -364,7 +364,7 @@ TRAINING_ONLY_KEYS = (
     "num_iterations", "advantage_eps", "scale_rewards", "beta", "router_lr", "router_steps",
     "router_replay", "mask_truncated_completions", "eval_every", "checkpoint_every", "progress",
     "threads", "gradient_checkpointing", "report_to")
-"""Config keys that only the updates read: two runs that differ only in these (the arms of one
+"""Config keys that only the updates read; two runs that differ only in these (the arms of one
 seed of a grid: their signal and scaling) evaluate the same untrained pool the same way. Every
 other key, the held-out problems, the model file and the code enter :func:`initial_eval_key`;
 a key left off this list can only refuse a sharing, never allow a wrong one."""
@@ -1176,7 +1176,7 @@ def train(
             config's task's problems.
         initial_eval: a run directory whose evaluation of the untrained pool this new run takes
             instead of computing it (another arm of the same seed): refused unless it is the one
-            this run would compute (:func:`shared_initial_eval`); the run's files are then the
+            this run would compute (``shared_initial_eval``); the run's files are then the
             same as if it had computed it, and its ``PROVENANCE.json`` names the source.
         **overrides: further config keys (on resume, only ones equal to the run's).
 
