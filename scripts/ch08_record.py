@@ -220,11 +220,8 @@ def donor(job: tuple, jobs: list[tuple]) -> tuple | None:
     return None if first[2] == rel else first
 
 
-def donor_folder(job: tuple, jobs: list[tuple], runs: Path, results: Path) -> Path | None:
-    """Where ``job``'s donor has its ``initial_eval.json`` now (recorded, or under way), or None."""
-    d = donor(job, jobs)
-    if d is None:
-        return None
+def donor_folder(d: tuple, runs: Path, results: Path) -> Path | None:
+    """Where the donor job ``d`` has its ``initial_eval.json`` now (recorded, or under way), or None."""
     return next((f for f in (results / d[2], runs / d[2]) if (f / "initial_eval.json").is_file()), None)
 
 
@@ -509,7 +506,7 @@ def _next(pending: list[tuple], jobs: list[tuple], runs: Path, results: Path, sh
         d = donor(job, jobs)
         if d is None or (runs / job[2] / "config.json").exists():
             return i, None
-        source = donor_folder(job, jobs, runs, results)
+        source = donor_folder(d, runs, results)
         if source is not None:
             return i, source
         if d[2] in waiting or busy:
