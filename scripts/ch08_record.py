@@ -23,6 +23,7 @@ another pool): the same files, about 12 minutes less per arm at two runs on two 
     python scripts/ch08_record.py grid-mask --status      # where its jobs stand; starts nothing
     python scripts/ch08_record.py grid-mask-centred --parallel 2  # its centred arm on seeds 3-9
                                                           # and the centred oracle on seeds 1, 2
+    python scripts/ch08_record.py grid-mask-batch --parallel 2 --share-initial  # batch, seeds 0-9
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
     python scripts/ch08_record.py ch09-mask --parallel 2  # ch09/llm/grid-mask/<allocation>-b<b>-group/seed<k>
@@ -155,6 +156,15 @@ JOBS = {
         *[("oracle", k, f"ch08/grid-mask/oracle-none/seed{k}", {"scale_rewards": "none", **MASKED},
            "grid-stop") for k in (1, 2)],
     ],
+    # the rollout's scale (issue 61, chapter 8's H5): wta and removal with TRL's
+    # scale_rewards "batch" (centred in the group, divided by the agent's standard deviation over
+    # the whole rollout) on seeds 0 to 9, seed by seed so that a partial recording stays paired.
+    # The grid of record's jobs with only scaling and seed set; recorded with --share-initial at
+    # the one commit chapter 8's box names, after the centred arm
+    "grid-mask-batch": [
+        (sig, k, f"ch08/grid-mask/{sig}-batch/seed{k}", {"scale_rewards": "batch", **MASKED}, "grid-stop")
+        for k in range(10) for sig in ("wta", "removal")
+    ],
     # chapter 9's LLM arms: removal with exact evaluations on a budget (square-root allocation),
     # on the grid's pool and commit. Chapter 9 records the standardised ones (--only
     # ch09/llm/removal-b0.1-group/seed0 ...): there the grid's oracle is far ahead of Eq. (19),
@@ -183,7 +193,8 @@ JOBS = {
 }
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
               "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",),
-              "ch09-mask": ("ch09/llm/grid-mask",), "grid-mask-centred": None}
+              "ch09-mask": ("ch09/llm/grid-mask",), "grid-mask-centred": None,
+              "grid-mask-batch": None}
 """Recordings whose runs are compared with each other: each must run at one commit. The value
 names the folders whose recorded runs set that commit; ``None``: the recording's own jobs."""
 

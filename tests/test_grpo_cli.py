@@ -322,6 +322,15 @@ def test_recorder_shares_each_seeds_untrained_evaluation(tmp_path):
     (runs / rem3[2] / "config.json").write_text("{}")
     assert rec._next([rem3], jobs, runs, results, share=True, busy=True) == (0, None)
     assert rec.donor(wta4, jobs) is None
+    # the batch recording (H5): every seed's removal takes its own seed's wta evaluation, and its
+    # jobs differ from the grid of record's in the scaling only
+    batch = [rec._job(j, "grid-mask-batch") for j in rec.JOBS["grid-mask-batch"]]
+    assert [(j[0], j[1]) for j in batch] == [(s, k) for k in range(10) for s in ("wta", "removal")]
+    for w, r in zip(batch[::2], batch[1::2]):
+        assert rec.donor(w, batch) is None and rec.donor(r, batch) == w
+        assert r[3] == {"scale_rewards": "batch", "mask_truncated_completions": True}
+        assert r[2] == f"ch08/grid-mask/removal-batch/seed{r[1]}" and r[4] == "grid-stop"
+    assert rec.ONE_COMMIT["grid-mask-batch"] is None
 
 
 def test_cut_answers_are_sorted_by_kind():

@@ -42,6 +42,13 @@ def test_slate_advantages_are_each_agents_group_step():
                 g = score[4 * b:4 * b + 4, k]
                 want = group_advantages(g[:, None], scaling)[:, 0]
                 assert np.allclose(A[4 * b:4 * b + 4, k], want)
+    # batch (TRL's scale_rewards="batch"): centred in the group, divided by the agent's standard
+    # deviation over the update's 12 completions, as the engine's step does
+    A = escape.slate_advantages(score, 4, "batch")
+    for k in range(3):
+        g = score[:, k].reshape(3, 4)
+        want = (g - g.mean(axis=1, keepdims=True)) / (score[:, k].std(ddof=1) + 1e-4)
+        assert np.allclose(A[:, k], want.ravel())
     with pytest.raises(ValueError):
         escape.slate_advantages(score[:10], 4, "group")
 
@@ -143,3 +150,23 @@ def test_escape_figure_draws_each_run_on_both_panels():
     assert len(points) == 3 and all(len(p) == 9 for p in points)  # t = 1..9 against c(t+1) - c(t)
     f = frames["seed 0"].loc[:10]
     assert np.allclose(points[0][:, 1], np.diff(f["cut"].to_numpy()))
+
+
+@pytest.mark.usefixtures("one_torch_thread", "gsm8k_fixture")
+@pytest.mark.parametrize("scaling", ["batch", "none", "group"])
+def test_recomputed_advantages_are_the_ones_the_engine_trained_on(tmp_path, scaling):
+    """A tiny-random run under each scaling: the advantages slate_advantages recomputes from the
+    logged scores have, per agent and update, the spread the engine logged
+    (``agent/advantage_std``, over the agent's completions), so H2's and H5's readings use the
+    run's own step, batch scaling included."""
+    from mcpg.grpo.rundir import read_run
+    from mcpg.grpo.train import train
+
+    train("tiny-random", "removal", tmp_path / "run", scale_rewards=scaling, updates=2)
+    run = read_run(tmp_path / "run")
+    m = int(run.config["completions_per_agent"])
+    logged = run.metrics.set_index("update")["agent/advantage_std"]
+    assert len(run.slates) == 2
+    for row in run.slates:
+        A = escape.slate_advantages(row["score"], m, scaling)
+        np.testing.assert_allclose(A.std(axis=0), logged.loc[row["update"]], rtol=1e-5, atol=1e-7)

@@ -26,11 +26,11 @@ def _run(arm, seed, deployed=0.5, agents=(0.4, 0.4, 0.4), cut=0.0, slates=()):
                eval=e, slates=list(slates))
 
 
-def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None):
-    """wta-{group,none} at 0.5 deployed; removal at 0.5 + diff[scaling][seed]; oracle likewise."""
+def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None, scalings=("group", "none")):
+    """wta-{scaling} at 0.5 deployed; removal at 0.5 + diff[scaling][seed]; oracle likewise."""
     rng = np.random.default_rng(0)
     runs = []
-    for sc in ("group", "none"):
+    for sc in scalings:
         for s in seeds:
             runs.append(_run(f"wta-{sc}", s, 0.5 + 0.01 * rng.normal()))
             d = (diff or {}).get(sc, lambda s: 0.0)(s)
@@ -86,9 +86,11 @@ def test_h3_names_the_loser_by_its_rule():
     assert [r["reading"] for r in level] == ["undecided"] * 2
 
 
-def _replay(seed, a_sign, rng, updates=12, m=4, K=3, B=2):
+def _replay(seed, a_sign, rng, updates=12, m=4, K=3, B=2, spread=0.0, arm="removal-group"):
     """A standardised removal replay whose hopeless group gives its finished completions a mean
-    advantage of sign ``a_sign`` (the cut ones score higher when it is negative)."""
+    advantage of sign ``a_sign`` (the cut ones score higher when it is negative); ``spread``
+    separates two of the other problem's completions (a rollout whose spread is large beside
+    the hopeless group's); ``arm`` sets the scaling."""
     slates = []
     for t in range(1, updates + 1):
         R = np.zeros((B * m, K))
@@ -98,10 +100,11 @@ def _replay(seed, a_sign, rng, updates=12, m=4, K=3, B=2):
         cut[m:, :] = rng.random((m, K)) < 0.3  # and some of problem 1's: the cut share varies
         score = rng.normal(0, 0.1, (B * m, K))
         score[:2, :] -= a_sign * (0.5 + 0.1 * rng.random())
+        score[m:m + 2, :] += spread
         slates.append({"update": t, "R": R.tolist(), "score": score.tolist(), "cut": cut.tolist()})
-    return Run(path=Path(f"/tmp/r/removal-group/seed{seed}"), signal="removal", agents=AGENTS,
+    return Run(path=Path(f"/tmp/r/{arm}/seed{seed}"), signal="removal", agents=AGENTS,
                metrics=pd.DataFrame(), slates=slates,
-               config={"seed": seed, "scale_rewards": "group", "completions_per_agent": m})
+               config={"seed": seed, "scale_rewards": arm.split("-")[1], "completions_per_agent": m})
 
 
 def test_h2a_reads_the_sign_of_the_finished_answers_advantage():
@@ -126,3 +129,59 @@ def test_h2b_reads_the_mean_correlation_and_its_permutation_p(monkeypatch, rho, 
     assert real["hypothesis"] == "H2b" and real["reading"] != "not read" and -1 <= real["rho"] <= 1
     monkeypatch.setattr(hyp, "follows", lambda frames, **kw: {"rho": rho, "p": p})
     assert hyp.read_h2(_grid(), replays, n_perm=200)[1]["reading"] == reading
+
+
+BOTH = ("group", "batch")
+
+
+def test_h5_waits_for_its_runs():
+    runs = [r for r in _grid(scalings=BOTH) if not (r.arm == "wta-batch" and r.config["seed"] == 9)]
+    rows = hyp.read_h5(runs, [])
+    assert [r["hypothesis"] for r in rows] == ["H5a", "H5b", "H5c", "H5 check"]
+    assert all(r["reading"] == "not read" for r in rows)
+    assert "wta-batch seed 9" in rows[0]["why"]
+    assert "removal-group replay seed 0" in rows[-1]["why"]  # the check needs the replays too
+    # and the table of every hypothesis carries its rows
+    assert {"H5a", "H5b", "H5c", "H5 check"} <= set(hyp.read_hypotheses(runs, []).index)
+
+
+@pytest.mark.parametrize("shift, reading", [(0.2, "supported"), (-0.2, "refuted"), (0.0, "undecided")])
+def test_h5a_reads_the_difference_of_the_deficits(shift, reading):
+    noise = np.random.default_rng(5).normal(0, 0.05, 10)
+    # standardised removal 0.2 behind wta; batch removal behind by 0.2 - shift
+    runs = _grid({"group": lambda s: -0.2 + noise[s], "batch": lambda s: -0.2 + shift + noise[::-1][s]},
+                 scalings=BOTH)
+    h5a = hyp.read_h5(runs, [])[0]
+    assert h5a["reading"] == reading
+    assert (h5a["low"] > 0) == (reading == "supported") and (h5a["high"] < 0) == (reading == "refuted")
+    assert h5a["mean"] == pytest.approx(shift + (noise[::-1] - noise).mean(), abs=0.02)
+
+
+def test_h5b_and_h5c_count_batch_against_standardised():
+    fails = {("group", s): 0.5 for s in (2, 3, 4, 6, 7)}
+    drops = {("group", s): True for s in range(6)}
+    fewer = hyp.read_h5(_grid(cut={**fails, ("batch", 1): 0.5}, dropped=drops, scalings=BOTH), [])
+    assert [r["reading"] for r in fewer[1:3]] == ["consistent", "consistent"]
+    assert (fewer[1]["batch"], fewer[1]["standardised"]) == (1, 5)
+    assert (fewer[2]["batch"], fewer[2]["standardised"]) == (0, 6)
+    more = {("batch", s): 0.5 for s in range(5)}
+    drop_more = {**drops, **{("batch", s): True for s in range(6)}}
+    same = hyp.read_h5(_grid(cut={**fails, **more}, dropped=drop_more, scalings=BOTH), [])
+    assert [r["reading"] for r in same[1:3]] == ["refuted", "refuted"]
+
+
+@pytest.mark.parametrize("spread, reading", [(5.0, "holds"), (0.0, "fails")])
+def test_h5_check_compares_the_hopeless_groups_advantage(spread, reading):
+    """Batch scaling shrinks a hopeless group's advantages only where the rollout's spread is
+    larger than the group's own: with two far-apart answers elsewhere it does, without them the
+    rollout's spread is the smaller and the check fails."""
+    rng = np.random.default_rng(6)
+    replays = [_replay(s, -1, rng) for s in hyp.REPLAYED]
+    batch = [_replay(s, -1, rng, spread=spread, arm="removal-batch") for s in range(10)]
+    runs = _grid(scalings=BOTH)
+    by = {r.config["seed"]: r for r in batch}
+    runs = [Run(**{**vars(r), "slates": by[r.config["seed"]].slates}) if r.arm == "removal-batch" else r
+            for r in runs]
+    check = hyp.read_h5(runs, replays)[-1]
+    assert check["reading"] == reading and check["standardised"] < 0
+    assert (abs(check["batch"]) < abs(check["standardised"])) == (reading == "holds")

@@ -37,12 +37,14 @@ __all__ = ["slate_advantages", "finish_advantages", "follows", "escape_figure"]
 def slate_advantages(score, m: int, scale_rewards: str, eps: float = ADVANTAGE_EPS) -> np.ndarray:
     """The advantages a run trained on, from its logged credit ``score`` ``(B*m, K)`` (the logged
     layout: problem by problem, m slates each): each agent's group is its m completions of one
-    problem (:func:`mcpg.grpo.objective.group_advantages`). Returns ``(B*m, K)``."""
+    problem (:func:`mcpg.grpo.objective.group_advantages`); with ``scale_rewards="batch"`` the
+    batch is the B problems of the update, as in the engine. Returns ``(B*m, K)``."""
     s = np.asarray(score, dtype=float)
     if s.ndim != 2 or s.shape[0] % m:
         raise ValueError(f"score must be (B*m, K) with m = {m} dividing its rows, got {s.shape}")
     B, K = s.shape[0] // m, s.shape[1]
-    return group_advantages(s.reshape(B, m, K), scale_rewards, eps, axis=-2).reshape(B * m, K)
+    return group_advantages(s.reshape(B, m, K), scale_rewards, eps, axis=-2,
+                            batch_axis=-3).reshape(B * m, K)
 
 
 def _mean(x: np.ndarray) -> float:

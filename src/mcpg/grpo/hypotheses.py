@@ -1,4 +1,4 @@
-"""Chapter 8's hypotheses H1 to H4, each read by the rule stated before its runs.
+"""Chapter 8's hypotheses H1 to H5, each read by the rule stated before its runs.
 
 Chapter 8 asks why removal credit ends behind winner-take-all credit in its grid. Its box of
 hypotheses (section ``ch08-hypotheses``, committed before any of the runs it predicts) states
@@ -16,7 +16,11 @@ missing, so that no reading is made on part of the data:
 - :func:`read_h3`, exact credit: the oracle against both signals on seeds 0 to 2, per scaling;
 - :func:`read_h4`, dropouts: the share of removal runs with an agent below 10 % held-out
   accuracy, centred against standardised (:func:`mcpg.grpo.verdict.dropouts`);
-- :func:`read_hypotheses`: the four as one table, one row per reading.
+- :func:`read_h5`, the rollout's scale (TRL's ``scale_rewards="batch"``): whether dividing by
+  the agent's spread over the whole rollout, instead of each group's own, shrinks removal's
+  deficit, its cut failures and its dropouts against standardised removal, with the check that
+  it does shrink the finished answers' advantage in hopeless groups;
+- :func:`read_hypotheses`: the five as one table, one row per reading.
 
 Every reading is a dict with ``hypothesis``, ``measurement`` (what was computed, with its
 numbers), ``reading`` (``supported``, ``refuted``, ``undecided``, ``consistent`` where the box
@@ -27,12 +31,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..stats import paired_difference
 from .escape import finish_advantages, follows
 from .rundir import Run
-from .verdict import cut_failures, dropouts, seed_verdict
+from .verdict import cut_failures, dropouts, paired_seeds, seed_verdict
 
 __all__ = ["SEEDS", "ORACLE_SEEDS", "REPLAYED", "H1_PREDICTION", "read_h1", "read_h2", "read_h3",
-           "read_h4", "read_hypotheses"]
+           "read_h4", "read_h5", "read_hypotheses"]
 
 SEEDS = tuple(range(10))
 """The seeds of the grid of record (H1, the H2 contrast and H4 are read on all ten)."""
@@ -196,9 +201,88 @@ def read_h4(runs: list[Run], seeds=SEEDS) -> dict:
             "centred": share["none"], "standardised": share["group"]}
 
 
+def _count(runs: list[Run], seeds, which) -> dict[str, int]:
+    """Removal runs on ``seeds`` that ``which`` counts, batch against standardised."""
+    chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+    return {sc: which(chosen, sc) for sc in ("batch", "group")}
+
+
+def _cut_count(runs, sc) -> int:
+    return int(cut_failures(runs, scaling=sc, signals=("removal",))["removal"].sum())
+
+
+def _drop_count(runs, sc) -> int:
+    return int((dropouts(runs).xs(f"removal-{sc}", level="arm")["dropped"] > 0).sum())
+
+
+def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPLAYED,
+            updates: int = UPDATES) -> list[dict]:
+    """H5, the rollout's scale: ``scale_rewards="batch"`` (centred in the group, divided by the
+    agent's standard deviation over the whole rollout) against standardised, on ``seeds``.
+
+    - H5a: D = (removal - wta) under batch minus (removal - wta) standardised, deployed, paired
+      by seed: supported if its interval lies above 0, refuted if below, otherwise undecided;
+    - H5b: batch removal fails a cut measure on fewer seeds than standardised removal; refuted
+      if on as many or more;
+    - H5c: fewer batch removal runs than standardised removal runs have a dropped-out agent;
+      refuted if as many or more;
+    - H5 check (of the manipulation, not a hypothesis): ``|a_fin|`` pooled over the first
+      ``updates`` updates of the batch removal runs is below that of the standardised removal
+      replays; if not, batch scaling did not shrink what H2 measures, and H5a to H5c say
+      nothing about a group's own spread.
+    """
+    out = []
+    missing = _missing(runs, ("wta-batch", "removal-batch", "wta-group", "removal-group"), seeds)
+    m_a = "D = (removal − wta) batch − (removal − wta) standardised, deployed, paired by seed"
+    m_b = "removal runs failing a cut measure, batch against standardised"
+    m_c = "removal runs with an agent below 10 % held-out accuracy, batch against standardised"
+    if missing:
+        out += [_not_read(h, m, missing) for h, m in (("H5a", m_a), ("H5b", m_b), ("H5c", m_c))]
+    else:
+        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        diff = {sc: paired_seeds(chosen, "removal", "wta", sc, ("deployed",))["deployed", "difference"]
+                .reindex(list(seeds)).to_numpy() for sc in ("batch", "group")}
+        d = paired_difference(diff["batch"], diff["group"])
+        low, high = d.mean - d.half_width, d.mean + d.half_width
+        reading = "supported" if low > 0 else "refuted" if high < 0 else "undecided"
+        out.append({"hypothesis": "H5a", "reading": reading,
+                    "measurement": f"{m_a}: {_bounds(d.mean, low, high)} (removal − wta batch "
+                                   f"{diff['batch'].mean():+.3f}, standardised {diff['group'].mean():+.3f})",
+                    "why": {"supported": "the interval lies above 0", "refuted": "the interval lies below 0",
+                            "undecided": "the interval contains 0"}[reading],
+                    "mean": d.mean, "low": low, "high": high})
+        n = len(seeds)
+        for h, m, which in (("H5b", m_b, _cut_count), ("H5c", m_c, _drop_count)):
+            c = _count(chosen, seeds, which)
+            worse = c["batch"] >= c["group"]
+            out.append({"hypothesis": h, "reading": "refuted" if worse else "consistent",
+                        "measurement": f"{m}: {c['batch']} of {n} against {c['group']} of {n}",
+                        "why": "as many or more" if worse else "fewer (the box names only what refutes)",
+                        "batch": c["batch"], "standardised": c["group"]})
+    m_k = f"|ā_fin| over updates 1 to {updates}, batch removal runs against the standardised replays"
+    have = {int(r.config.get("seed", 0)): r for r in replays if r.arm == "removal-group"}
+    gone = [f"removal-group replay seed {s}" for s in replayed if s not in have]
+    gone += _missing(runs, ("removal-batch",), seeds)
+    if gone:
+        out.append(_not_read("H5 check", m_k, gone))
+    else:
+        batch = {int(r.config["seed"]): finish_advantages(r).loc[:updates] for r in runs
+                 if r.arm == "removal-batch" and int(r.config.get("seed", 0)) in seeds}
+        group = {s: finish_advantages(have[s]).loc[:updates] for s in replayed}
+        a_b, a_g = _pooled_fin(batch), _pooled_fin(group)
+        took = abs(a_b) < abs(a_g)
+        out.append({"hypothesis": "H5 check", "reading": "holds" if took else "fails",
+                    "measurement": f"{m_k}: {a_b:+.3f} against {a_g:+.3f}",
+                    "why": "smaller: batch scaling shrinks what H2 measures" if took else
+                    "not smaller: H5a to H5c say nothing about a group's own spread",
+                    "batch": a_b, "standardised": a_g})
+    return out
+
+
 def read_hypotheses(runs: list[Run], replays: list[Run] = (), n_perm: int = 10_000) -> pd.DataFrame:
-    """H1 to H4 read from ``runs`` (the grid of record, both scalings) and ``replays`` (the
+    """H1 to H5 read from ``runs`` (the grid of record, every scaling) and ``replays`` (the
     standardised replays), one row per reading: measurement, reading and the rule's why."""
-    rows = [read_h1(runs), *read_h2(runs, list(replays), n_perm=n_perm), *read_h3(runs), read_h4(runs)]
+    rows = [read_h1(runs), *read_h2(runs, list(replays), n_perm=n_perm), *read_h3(runs), read_h4(runs),
+            *read_h5(runs, list(replays))]
     return pd.DataFrame(rows).set_index("hypothesis")[["measurement", "reading", "why"]]
 

@@ -275,7 +275,7 @@ def allocation_risks(run: Run, flat: float = 1e-3) -> pd.DataFrame:
     rows = []
     for update, g in sc.groupby("update", sort=True):
         removal = g["removal"].to_numpy().reshape(-1, m, K)
-        a = credit_leverage(removal, run.scale_rewards, eps, axis=-2).reshape(-1, K)
+        a = credit_leverage(removal, run.scale_rewards, eps, axis=-2, batch_axis=-3).reshape(-1, K)
         eta2 = ((g["removal"] - g["oracle"]).to_numpy() ** 2).reshape(-1, K)
         is_flat = np.broadcast_to(removal.std(axis=1, ddof=1, keepdims=True) < flat, removal.shape)
         one, s2, e2 = allocation.slate_entries(a, np.zeros_like(eta2), eta2)
@@ -349,7 +349,7 @@ def advantage_distance(run: Run) -> dict:
 
     def adv(col: str) -> np.ndarray:
         x = sc[col].to_numpy(dtype=float, copy=True).reshape(len(run.slates), -1, m, K)
-        return np.asarray(group_advantages(x, run.scale_rewards, eps)).ravel()
+        return np.asarray(group_advantages(x, run.scale_rewards, eps, batch_axis=-3)).ravel()
 
     exact, trained, eq19 = adv("oracle"), adv("logged"), adv("removal")
     signal = (sc.groupby(["update", "prompt"])["R"].transform("max") > 0).to_numpy()
@@ -393,7 +393,7 @@ def group_signal(run: Run) -> pd.DataFrame:
         if n % m:
             raise ValueError(f"update {row['update']}: {n} slates are not whole groups of m = {m}")
         R, S = R.reshape(n // m, m, K), S.reshape(n // m, m, K)
-        A = group_advantages(S, scale_rewards=scale, eps=eps, axis=-2)
+        A = group_advantages(S, scale_rewards=scale, eps=eps, axis=-2, batch_axis=-3)
         frames.append(pd.DataFrame({
             "update": row["update"], "prompt": np.repeat(np.arange(n // m), K),
             "agent": np.tile(run.agents, n // m),
