@@ -24,7 +24,8 @@ missing, so that no reading is made on part of the data:
 
 Every reading is a dict with ``hypothesis``, ``measurement`` (what was computed, with its
 numbers), ``reading`` (``supported``, ``refuted``, ``undecided``, ``consistent`` where the box
-names only what refutes, or ``not read``) and ``why`` (the rule that gave the reading).
+names only what refutes, H3's loser, ``holds`` or ``fails`` for H5's check of its manipulation,
+or ``not read``) and ``why`` (the rule that gave the reading).
 """
 
 from __future__ import annotations
