@@ -112,6 +112,11 @@ def test_h2a_reads_the_sign_of_the_finished_answers_advantage():
     neg = [_replay(s, -1, rng) for s in hyp.REPLAYED]
     h2a = hyp.read_h2(_grid(), neg, n_perm=200)[0]
     assert h2a["reading"] == "supported" and h2a["pooled"] < 0
+    # the table of every reading carries its numbers, so a page need not read H2 again
+    table = hyp.read_hypotheses(_grid(), neg, n_perm=200)
+    assert list(table.columns[:3]) == ["measurement", "reading", "why"]
+    assert table.loc["H2a", "pooled"] == h2a["pooled"] and table.loc["H2a", "seed 3"] == h2a["seed 3"]
+    assert np.isnan(table.loc["H2b", "pooled"]) and -1 <= table.loc["H2b", "rho"] <= 1
     # seed 3 alone positive refutes it even with the pooled mean below 0
     mixed = [_replay(s, +1 if s == 3 else -1, rng) for s in hyp.REPLAYED]
     h2a = hyp.read_h2(_grid(), mixed, n_perm=200)[0]

@@ -282,8 +282,12 @@ def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPL
 
 def read_hypotheses(runs: list[Run], replays: list[Run] = (), n_perm: int = 10_000) -> pd.DataFrame:
     """H1 to H5 read from ``runs`` (the grid of record, every scaling) and ``replays`` (the
-    standardised replays), one row per reading: measurement, reading and the rule's why."""
+    standardised replays), one row per reading: measurement, reading and the rule's why first,
+    then each reading's numbers (``pooled``, ``rho``, ``p``, ``mean``, ...; NaN where a reading
+    has none), so that a page reads them here rather than computing a reading twice."""
     rows = [read_h1(runs), *read_h2(runs, list(replays), n_perm=n_perm), *read_h3(runs), read_h4(runs),
             *read_h5(runs, list(replays))]
-    return pd.DataFrame(rows).set_index("hypothesis")[["measurement", "reading", "why"]]
+    table = pd.DataFrame(rows).set_index("hypothesis")
+    first = ["measurement", "reading", "why"]
+    return table[first + [c for c in table.columns if c not in first]]
 
