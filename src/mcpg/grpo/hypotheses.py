@@ -103,6 +103,14 @@ def _pooled_fin(frames: dict) -> float:
     return num / den if den else float("nan")
 
 
+def _cut_count(runs, sc) -> int:
+    return int(cut_failures(runs, scaling=sc, signals=("removal",))["removal"].sum())
+
+
+def _drop_count(runs, sc) -> int:
+    return int((dropouts(runs).xs(f"removal-{sc}", level="arm")["dropped"] > 0).sum())
+
+
 def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED, updates: int = UPDATES,
             n_perm: int = 10_000) -> list[dict]:
     """H2 in three readings: H2a (``a_fin`` < 0 in the standardised removal replays; refuted if
@@ -144,8 +152,7 @@ def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED,
         out.append(_not_read("H2 contrast", m_c, missing))
     else:
         chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
-        n = {sc: int(cut_failures(chosen, scaling=sc, signals=("removal",))["removal"].sum())
-             for sc in ("none", "group")}
+        n = {sc: _cut_count(chosen, sc) for sc in ("none", "group")}
         out.append({"hypothesis": "H2 contrast",
                     "measurement": f"{m_c}: {n['none']} of {len(seeds)} against {n['group']} of {len(seeds)}",
                     "reading": "refuted" if n["none"] >= n["group"] else "consistent",
@@ -190,30 +197,15 @@ def read_h4(runs: list[Run], seeds=SEEDS) -> dict:
     missing = _missing(runs, ("removal-none", "removal-group"), seeds)
     if missing:
         return _not_read("H4", measurement, missing)
-    d = dropouts([r for r in runs if int(r.config.get("seed", 0)) in seeds])
-    share = {sc: float((d.xs(f"removal-{sc}", level="arm")["dropped"] > 0).mean())
-             for sc in ("none", "group")}
+    chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
     n = len(seeds)
+    share = {sc: _drop_count(chosen, sc) / n for sc in ("none", "group")}
     worse = share["none"] >= share["group"]
     return {"hypothesis": "H4", "reading": "refuted" if worse else "consistent",
             "measurement": f"{measurement}: {share['none'] * n:.0f} of {n} against "
                            f"{share['group'] * n:.0f} of {n}",
             "why": "as large or larger" if worse else "smaller (the box names only what refutes)",
             "centred": share["none"], "standardised": share["group"]}
-
-
-def _count(runs: list[Run], seeds, which) -> dict[str, int]:
-    """Removal runs on ``seeds`` that ``which`` counts, batch against standardised."""
-    chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
-    return {sc: which(chosen, sc) for sc in ("batch", "group")}
-
-
-def _cut_count(runs, sc) -> int:
-    return int(cut_failures(runs, scaling=sc, signals=("removal",))["removal"].sum())
-
-
-def _drop_count(runs, sc) -> int:
-    return int((dropouts(runs).xs(f"removal-{sc}", level="arm")["dropped"] > 0).sum())
 
 
 def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPLAYED,
@@ -254,7 +246,7 @@ def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPL
                     "mean": d.mean, "low": low, "high": high})
         n = len(seeds)
         for h, m, which in (("H5b", m_b, _cut_count), ("H5c", m_c, _drop_count)):
-            c = _count(chosen, seeds, which)
+            c = {sc: which(chosen, sc) for sc in ("batch", "group")}
             worse = c["batch"] >= c["group"]
             out.append({"hypothesis": h, "reading": "refuted" if worse else "consistent",
                         "measurement": f"{m}: {c['batch']} of {n} against {c['group']} of {n}",
