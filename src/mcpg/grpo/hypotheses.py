@@ -61,6 +61,11 @@ def _seeds(runs: list[Run], arm: str) -> set[int]:
     return {int(r.config.get("seed", 0)) for r in runs if r.arm == arm and r.eval is not None}
 
 
+def _on(runs: list[Run], seeds) -> list[Run]:
+    """The runs on ``seeds``: a rule reads the seeds it names and no other."""
+    return [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+
+
 def _missing(runs: list[Run], arms, seeds) -> list[str]:
     """``arm seed k`` for each finished run that the rule needs and that is not there."""
     return [f"{arm} seed {s}" for arm in arms for s in seeds if s not in _seeds(runs, arm)]
@@ -80,7 +85,7 @@ def read_h1(runs: list[Run], seeds=SEEDS, prediction: float = H1_PREDICTION) -> 
     missing = _missing(runs, ("wta-none", "removal-none"), seeds)
     if missing:
         return _not_read("H1", measurement, missing)
-    v = seed_verdict([r for r in runs if int(r.config.get("seed", 0)) in seeds], scaling="none")
+    v = seed_verdict(_on(runs, seeds), scaling="none")
     d = v.loc["deployed"]
     mean, low, high = float(d["mean"]), float(d["low"]), float(d["high"])
     if high < 0:
@@ -151,7 +156,7 @@ def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED,
     if missing:
         out.append(_not_read("H2 contrast", m_c, missing))
     else:
-        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        chosen = _on(runs, seeds)
         n = {sc: _cut_count(chosen, sc) for sc in ("none", "group")}
         out.append({"hypothesis": "H2 contrast",
                     "measurement": f"{m_c}: {n['none']} of {len(seeds)} against {n['group']} of {len(seeds)}",
@@ -174,7 +179,7 @@ def read_h3(runs: list[Run], seeds=ORACLE_SEEDS) -> list[dict]:
         if missing:
             out.append(_not_read(h, measurement, missing))
             continue
-        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        chosen = _on(runs, seeds)
         vw = seed_verdict(chosen, a="oracle", b="wta", scaling=sc).loc["deployed"]
         vr = seed_verdict(chosen, a="oracle", b="removal", scaling=sc).loc["deployed"]
         if vw["high"] < 0:
@@ -197,7 +202,7 @@ def read_h4(runs: list[Run], seeds=SEEDS) -> dict:
     missing = _missing(runs, ("removal-none", "removal-group"), seeds)
     if missing:
         return _not_read("H4", measurement, missing)
-    chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+    chosen = _on(runs, seeds)
     n = len(seeds)
     share = {sc: _drop_count(chosen, sc) / n for sc in ("none", "group")}
     worse = share["none"] >= share["group"]
@@ -232,7 +237,7 @@ def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPL
     if missing:
         out += [_not_read(h, m, missing) for h, m in (("H5a", m_a), ("H5b", m_b), ("H5c", m_c))]
     else:
-        chosen = [r for r in runs if int(r.config.get("seed", 0)) in seeds]
+        chosen = _on(runs, seeds)
         diff = {sc: paired_seeds(chosen, "removal", "wta", sc, ("deployed",))["deployed", "difference"]
                 .reindex(list(seeds)).to_numpy() for sc in ("batch", "group")}
         d = paired_difference(diff["batch"], diff["group"])
