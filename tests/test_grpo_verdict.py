@@ -133,6 +133,12 @@ def test_health_sensitivity_names_what_it_leaves_out(tmp_path):
     fails = verdict.cut_failures(runs)
     assert fails["removal"].to_dict() == {0: False, 1: True, 2: False}
     assert not fails["wta"].any()
+    # several seeds are named as prose names them
+    two = _grid(tmp_path / "two", rng, {"wta-group": [0, 1, 2], "removal-group": [0, 1, 2]},
+                cut={("removal-group", 0): 0.4, ("wta-group", 2): 0.5})
+    s2 = verdict.health_sensitivity(two)
+    assert s2.loc["cut in training <= bar", "left out"] == "seeds 0 and 2"
+    assert s2.loc["cut in training <= bar", "pairs"] == 1
 
 
 def test_control_gains_and_dropouts(tmp_path):

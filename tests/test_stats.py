@@ -184,6 +184,17 @@ def test_seeds_where_names_the_seeds_a_statement_holds_on():
         stats.seeds_where({})
 
 
+def test_seed_names_joins_the_seeds_as_seeds_where_does():
+    assert stats.seed_names([3]) == "seed 3"
+    assert stats.seed_names([3, 6]) == "seeds 3 and 6"
+    assert stats.seed_names((0, 3, 6, 9)) == "seeds 0, 3, 6 and 9"
+    assert stats.seed_names([1, 2], noun="run") == "runs 1 and 2"
+    assert stats.seeds_where({3: True, 6: True, 7: False}) == (
+        f"on {stats.seed_names([3, 6])} (2 of 3)")
+    with pytest.raises(ValueError, match="no seed"):
+        stats.seed_names([])
+
+
 def test_compare_reading_takes_the_paired_mean_and_other_verbs():
     # the mean of the per-seed differences is printed when given (rounding at a half unit can
     # differ from mean_a - mean_b), and a lower-is-better measure reads "is above" / "is below"

@@ -37,6 +37,7 @@ __all__ = [
     "side_of_zero",
     "compare_reading",
     "seeds_where",
+    "seed_names",
     "roc_auc",
     "within_slate_auc",
 ]
@@ -168,14 +169,25 @@ def seeds_where(holds, noun: str = "seed") -> str:
     items = sorted(dict(holds).items())
     if not items:
         raise ValueError("holds is empty: no seed to read")
-    yes = [str(k) for k, v in items if bool(v)]
+    yes = [k for k, v in items if bool(v)]
     n = len(items)
     if len(yes) == n:
         return f"on all {n} {noun}s" if n > 1 else f"on the one {noun}"
     if not yes:
         return f"on no {noun} (0 of {n})"
-    names = yes[0] if len(yes) == 1 else ", ".join(yes[:-1]) + " and " + yes[-1]
-    return f"on {noun}{'s' if len(yes) > 1 else ''} {names} ({len(yes)} of {n})"
+    return f"on {seed_names(yes, noun)} ({len(yes)} of {n})"
+
+
+def seed_names(seeds, noun: str = "seed") -> str:
+    """The seeds by name, in the order given: "seed 3", "seeds 3 and 6", "seeds 0, 3, 6 and 9".
+    The words :func:`seeds_where` uses for the seeds a statement holds on, for prose that
+    names seeds without a count."""
+    xs = [str(k) for k in seeds]
+    if not xs:
+        raise ValueError("no seed to name")
+    if len(xs) == 1:
+        return f"{noun} {xs[0]}"
+    return f"{noun}s {', '.join(xs[:-1])} and {xs[-1]}"
 
 
 def paired_difference(a, b, level: float = 0.95) -> Interval:

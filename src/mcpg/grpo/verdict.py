@@ -233,7 +233,8 @@ def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scal
         d = p.loc[keep, (measure, "difference")].to_numpy()
         ci = t_interval(d, level) if d.size else {"mean": np.nan, "low": np.nan, "high": np.nan}
         rows[name] = {"mean": ci["mean"], "low": ci["low"], "high": ci["high"], "pairs": len(keep),
-                      "left out": ", ".join(f"seed {s}" for s in p.index if s not in keep) or "none"}
+                      "left out": stats.seed_names(out) if (out := [s for s in p.index if s not in keep])
+                      else "none"}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 

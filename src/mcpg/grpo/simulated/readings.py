@@ -14,7 +14,8 @@ sentences stay true as seeds are recorded:
 - :func:`interval_against`: where such an interval lies against some values the simulation
   predicts (contains them, lies below or above them, contains some);
 - :func:`side_counts`: how many cells of a grid lie on each side of 0, in the same verbs;
-- :func:`seed_names`, :func:`span`: which seeds, and the range of some values, as text.
+- :func:`span`: the range of some values, as text (seeds are named by
+  :func:`mcpg.stats.seed_names`, re-exported here as ``seed_names``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ... import stats
+from ...stats import seed_names
 
 __all__ = ["NAMES", "paired_arms", "arms_sentence", "interval_against", "side_counts", "seed_names", "span"]
 
@@ -112,16 +114,6 @@ def side_counts(sides, b: str = "winner-take-all", of: str = "cells") -> str:
             text += f" in all {n} {of}" if n > 1 else f" in 1 of 1 {of}"
         parts.append(text)
     return " and ".join(parts)
-
-
-def seed_names(seeds) -> str:
-    """``"seed 0"`` or ``"seeds 0, 1 and 2"``: the seeds a reading rests on, named."""
-    s = [str(k) for k in seeds]
-    if not s:
-        raise ValueError("no seed to name")
-    if len(s) == 1:
-        return f"seed {s[0]}"
-    return "seeds " + ", ".join(s[:-1]) + " and " + s[-1]
 
 
 def span(values, digits: int = 2, signed: bool = False) -> str:
