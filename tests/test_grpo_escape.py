@@ -170,3 +170,14 @@ def test_recomputed_advantages_are_the_ones_the_engine_trained_on(tmp_path, scal
     for row in run.slates:
         A = escape.slate_advantages(row["score"], m, scaling)
         np.testing.assert_allclose(A.std(axis=0), logged.loc[row["update"]], rtol=1e-5, atol=1e-7)
+
+
+def test_pooled_fin_weights_each_update_by_its_finished_completions():
+    a = pd.DataFrame({"a_fin": [-0.5, 0.25, np.nan], "n_fin": [2, 6, 0]}, index=[1, 2, 3])
+    b = pd.DataFrame({"a_fin": [1.0], "n_fin": [2]}, index=[1])
+    # (-0.5 * 2 + 0.25 * 6) / 8; an update without finished completions counts for nothing
+    assert escape.pooled_fin(a) == pytest.approx(0.0625)
+    assert escape.pooled_fin({"a": a}) == escape.pooled_fin(a)
+    # over runs: every finished completion of both, not the mean of the two runs' means
+    assert escape.pooled_fin({"a": a, "b": b}) == pytest.approx((-1.0 + 1.5 + 2.0) / 10)
+    assert np.isnan(escape.pooled_fin(a.loc[3:]))

@@ -126,6 +126,8 @@ def test_health_sensitivity_names_what_it_leaves_out(tmp_path):
     assert s.loc["every pair", "pairs"] == 3 and s.loc["every pair", "left out"] == "none"
     assert s.loc["cut in training <= bar", "pairs"] == 2
     assert s.loc["cut in training <= bar", "left out"] == "seed 1"
+    assert s.loc["cut in training <= bar", "left-out seeds"] == (1,)
+    assert s.loc["every pair", "left-out seeds"] == ()
     p = verdict.paired_seeds(runs)
     assert s.loc["cut in training <= bar", "mean"] == pytest.approx(
         p.loc[[0, 2], ("deployed", "difference")].mean())
@@ -138,6 +140,7 @@ def test_health_sensitivity_names_what_it_leaves_out(tmp_path):
                 cut={("removal-group", 0): 0.4, ("wta-group", 2): 0.5})
     s2 = verdict.health_sensitivity(two)
     assert s2.loc["cut in training <= bar", "left out"] == "seeds 0 and 2"
+    assert s2.loc["cut in training <= bar", "left-out seeds"] == (0, 2)
     assert s2.loc["cut in training <= bar", "pairs"] == 1
 
 

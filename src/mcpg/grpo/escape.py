@@ -12,6 +12,7 @@ completions rises after the updates where that mean is most negative.
   completions in groups with and without a right candidate, recomputed as the run computed it
   (:func:`mcpg.grpo.objective.group_advantages` of the logged ``score``, its group and the run's
   ``scale_rewards``), and the share of cut completions;
+- :func:`pooled_fin`: ``a_fin`` pooled over the updates of one run or several (H2a's measure);
 - :func:`follows`: whether the cut share follows that mean, over several runs: the mean of the
   per-run Spearman correlations between ``a_fin(t)`` and ``c(t+1) - c(t)``, with a permutation
   test that shuffles the updates within each run;
@@ -31,7 +32,7 @@ from scipy.stats import rankdata, spearmanr
 from .objective import ADVANTAGE_EPS, group_advantages
 from .rundir import Run
 
-__all__ = ["slate_advantages", "finish_advantages", "follows", "escape_figure"]
+__all__ = ["slate_advantages", "finish_advantages", "pooled_fin", "follows", "escape_figure"]
 
 
 def slate_advantages(score, m: int, scale_rewards: str, eps: float = ADVANTAGE_EPS) -> np.ndarray:
@@ -79,6 +80,17 @@ def finish_advantages(run: Run) -> pd.DataFrame:
             "dead_share": float(dead.mean()), "cut": float(cut.mean()),
         })
     return pd.DataFrame(rows).set_index("update").sort_index()
+
+
+def pooled_fin(frames) -> float:
+    """``a_fin`` pooled over updates: the mean advantage of every finished completion in a group
+    with no right candidate, each update's mean weighted by its count ``n_fin``. ``frames`` is one
+    frame of :func:`finish_advantages` or a dict of them (pooled over runs as well); NaN where no
+    such completion exists. H2a's measure over a run's first updates: ``pooled_fin(f.loc[:12])``."""
+    frames = frames.values() if isinstance(frames, dict) else [frames]
+    num = sum(float((f["a_fin"].fillna(0) * f["n_fin"]).sum()) for f in frames)
+    den = sum(int(f["n_fin"].sum()) for f in frames)
+    return num / den if den else float("nan")
 
 
 def follows(frames: dict, n_perm: int = 10_000, seed: int = 0, through: int | None = None) -> dict:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..stats import paired_difference
-from .escape import finish_advantages, follows
+from .escape import finish_advantages, follows, pooled_fin
 from .rundir import Run
 from .verdict import cut_failures, dropouts, paired_seeds, seed_verdict
 
@@ -100,14 +100,6 @@ def read_h1(runs: list[Run], seeds=SEEDS, prediction: float = H1_PREDICTION) -> 
             "reading": reading, "why": why, "mean": mean, "low": low, "high": high, "n": int(d["n"])}
 
 
-def _pooled_fin(frames: dict) -> float:
-    """The mean advantage of every finished completion in a hopeless group, pooled over the
-    frames' updates (each update's mean weighted by its count)."""
-    num = sum(float((f["a_fin"].fillna(0) * f["n_fin"]).sum()) for f in frames.values())
-    den = sum(int(f["n_fin"].sum()) for f in frames.values())
-    return num / den if den else float("nan")
-
-
 def _cut_count(runs, sc) -> int:
     return int(cut_failures(runs, scaling=sc, signals=("removal",))["removal"].sum())
 
@@ -134,8 +126,8 @@ def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED,
         out += [_not_read("H2a", m_a, missing), _not_read("H2b", m_b, missing)]
     else:
         frames = {s: finish_advantages(have[s]).loc[:updates] for s in replayed}
-        pooled = _pooled_fin(frames)
-        each = {s: _pooled_fin({s: f}) for s, f in frames.items()}
+        pooled = pooled_fin(frames)
+        each = {s: pooled_fin({s: f}) for s, f in frames.items()}
         bad = [f"seed {s}" for s in (3, 6) if s in each and each[s] >= 0]
         text = ", ".join(f"seed {s} {each[s]:+.3f}" for s in replayed)
         out.append({"hypothesis": "H2a", "measurement": f"{m_a}: pooled {pooled:+.3f} ({text})",
@@ -267,7 +259,7 @@ def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPL
         batch = {int(r.config["seed"]): finish_advantages(r).loc[:updates] for r in runs
                  if r.arm == "removal-batch" and int(r.config.get("seed", 0)) in seeds}
         group = {s: finish_advantages(have[s]).loc[:updates] for s in replayed}
-        a_b, a_g = _pooled_fin(batch), _pooled_fin(group)
+        a_b, a_g = pooled_fin(batch), pooled_fin(group)
         took = abs(a_b) < abs(a_g)
         out.append({"hypothesis": "H5 check", "reading": "holds" if took else "fails",
                     "measurement": f"{m_k}: {a_b:+.3f} against {a_g:+.3f}",

@@ -217,7 +217,8 @@ def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scal
     updates at most ``HEALTH_BARS["truncated"]``); ``every bar`` (both runs ``healthy`` in
     :func:`mcpg.grpo.health.health_table`); ``and cut held-out <= bar`` (also the held-out greedy
     answers' cut share at most the same bar). Columns: ``mean``, ``low``, ``high`` (NaN with
-    fewer than two pairs), ``pairs`` and ``left out`` (the seeds left out, named).
+    fewer than two pairs), ``pairs``, ``left out`` (the seeds left out, named for prose: "seeds 6
+    and 8", or "none") and ``left-out seeds`` (the same seeds as a tuple of ints, for code).
     """
     h = health_table(runs)
     p = paired_seeds(runs, a, b, scaling, (measure,))
@@ -232,9 +233,9 @@ def health_sensitivity(runs: list[Run], a: str = "removal", b: str = "wta", scal
         keep = [s for s in p.index if all(ok(h.loc[(arm, s)]) for arm in arms)]
         d = p.loc[keep, (measure, "difference")].to_numpy()
         ci = t_interval(d, level) if d.size else {"mean": np.nan, "low": np.nan, "high": np.nan}
+        out = tuple(int(s) for s in p.index if s not in keep)
         rows[name] = {"mean": ci["mean"], "low": ci["low"], "high": ci["high"], "pairs": len(keep),
-                      "left out": stats.seed_names(out) if (out := [s for s in p.index if s not in keep])
-                      else "none"}
+                      "left out": stats.seed_names(out) if out else "none", "left-out seeds": out}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
