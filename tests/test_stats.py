@@ -195,6 +195,14 @@ def test_seed_names_joins_the_seeds_as_seeds_where_does():
         stats.seed_names([])
 
 
+def test_join_words_joins_phrases_as_prose():
+    assert stats.join_words(["2 are in centred runs"]) == "2 are in centred runs"
+    assert stats.join_words(("a", "b")) == "a and b"
+    assert stats.join_words(["a", "b, c", "d"]) == "a, b, c and d"
+    with pytest.raises(ValueError, match="nothing"):
+        stats.join_words([])
+
+
 def test_compare_reading_takes_the_paired_mean_and_other_verbs():
     # the mean of the per-seed differences is printed when given (rounding at a half unit can
     # differ from mean_a - mean_b), and a lower-is-better measure reads "is above" / "is below"

@@ -38,6 +38,7 @@ __all__ = [
     "compare_reading",
     "seeds_where",
     "seed_names",
+    "join_words",
     "roc_auc",
     "within_slate_auc",
 ]
@@ -178,6 +179,14 @@ def seeds_where(holds, noun: str = "seed") -> str:
     return f"on {seed_names(yes, noun)} ({len(yes)} of {n})"
 
 
+def join_words(items) -> str:
+    """Phrases joined as prose: "a", "a and b", "a, b and c" (no serial comma)."""
+    xs = [str(x) for x in items]
+    if not xs:
+        raise ValueError("nothing to join")
+    return xs[0] if len(xs) == 1 else f"{', '.join(xs[:-1])} and {xs[-1]}"
+
+
 def seed_names(seeds, noun: str = "seed") -> str:
     """The seeds by name, in the order given: "seed 3", "seeds 3 and 6", "seeds 0, 3, 6 and 9".
     The words :func:`seeds_where` uses for the seeds a statement holds on, for prose that
@@ -185,9 +194,7 @@ def seed_names(seeds, noun: str = "seed") -> str:
     xs = [str(k) for k in seeds]
     if not xs:
         raise ValueError("no seed to name")
-    if len(xs) == 1:
-        return f"{noun} {xs[0]}"
-    return f"{noun}s {', '.join(xs[:-1])} and {xs[-1]}"
+    return f"{noun}{'s' * (len(xs) > 1)} {join_words(xs)}"
 
 
 def paired_difference(a, b, level: float = 0.95) -> Interval:
