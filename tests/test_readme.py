@@ -20,6 +20,12 @@ def _readme() -> str:
     return " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
 
 
+def _grid_runs():
+    """The finished runs of chapter 8's grid of record, as the chapter reads them."""
+    return [r for r in read_comparison(ROOT / "data" / "results" / "ch08" / "grid-mask")
+            if r.eval is not None]
+
+
 def test_readme_states_chapter_8s_verdict():
     """"removal's deployed accuracy ends behind winner-take-all's on average, under the paper's
     protocol and centred alike. Under the paper's protocol the interval over ten seeds lies below
@@ -37,8 +43,7 @@ def test_readme_states_chapter_8s_verdict():
     assert "Centred, over ten seeds as well, the interval lies below 0" in readme
     assert "without the pairs in which a run fails a cut measure, the centred interval contains 0 too" \
         in readme
-    runs = [r for r in read_comparison(ROOT / "data" / "results" / "ch08" / "grid-mask")
-            if r.eval is not None]
+    runs = _grid_runs()
     if not runs:
         pytest.skip("no grid of record in this checkout")
     d = {sc: verdict.seed_verdict(runs, scaling=sc, target=PAPER_GAP).loc["deployed"]
@@ -76,8 +81,7 @@ def test_readme_advises_as_far_as_both_scalings_support():
     assert ("prefer winner-take-all credit to removal estimated by Eq. (19), with standardised or "
             "centred advantages: over ten seeds each, removal ends behind under both") in readme
     assert "the seeds cannot tell the two apart under either scaling" in readme
-    runs = [r for r in read_comparison(ROOT / "data" / "results" / "ch08" / "grid-mask")
-            if r.eval is not None]
+    runs = _grid_runs()
     if not runs:
         pytest.skip("no grid of record in this checkout")
     for sc in ("group", "none"):
@@ -102,8 +106,7 @@ def test_readme_states_the_oracle_reading():
         in readme
     assert "so three seeds cannot say whether the estimate or the contribution is what loses" \
         in readme
-    runs = [r for r in read_comparison(ROOT / "data" / "results" / "ch08" / "grid-mask")
-            if r.eval is not None]
+    runs = _grid_runs()
     if not any(r.arm.startswith("oracle-") for r in runs):
         pytest.skip("no oracle recorded")
     stated = {}
