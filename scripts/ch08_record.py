@@ -23,7 +23,8 @@ another pool): the same files, about 12 minutes less per arm at two runs on two 
     python scripts/ch08_record.py grid-mask --status      # where its jobs stand; starts nothing
     python scripts/ch08_record.py grid-mask-centred --parallel 2  # its centred arm on seeds 3-9
                                                           # and the centred oracle on seeds 1, 2
-    python scripts/ch08_record.py grid-mask-batch --parallel 2 --share-initial  # batch, seeds 0-9
+    python scripts/ch08_record.py grid-mask-batch --parallel 2 --share-initial  # batch (withdrawn)
+    python scripts/ch08_record.py grid-mask-oracle --parallel 2   # the oracle on seeds 3-9, centred first
     python scripts/ch08_record.py ch09 --only ...         # data/results/ch09/llm/<arm>/seed<k>
                                                           # and the grid's oracle on seeds 1, 2
     python scripts/ch08_record.py ch09-mask --parallel 2  # ch09/llm/grid-mask/<allocation>-b<b>-group/seed<k>
@@ -156,7 +157,15 @@ JOBS = {
         *[("oracle", k, f"ch08/grid-mask/oracle-none/seed{k}", {"scale_rewards": "none", **MASKED},
            "grid-stop") for k in (1, 2)],
     ],
-    # the rollout's scale (issue 61, chapter 8's H5): wta and removal with TRL's
+    # the oracle at ten seeds (chapter 8's third box, H3 at ten seeds): full-feedback removal
+    # credit on seeds 3 to 9, centred first, then standardised; two at a time. The grid of
+    # record's jobs with only scaling and seed set, at the commit the box names (95ffaa9)
+    "grid-mask-oracle": [
+        *[("oracle", k, f"ch08/grid-mask/oracle-{sc}/seed{k}", {"scale_rewards": sc, **MASKED},
+           "grid-stop") for sc in ("none", "group") for k in range(3, 10)],
+    ],
+    # the rollout's scale (issue 61, chapter 8's H5; withdrawn in the third box before any of
+    # its runs existed: nothing of it is recorded or read): wta and removal with TRL's
     # scale_rewards "batch" (centred in the group, divided by the agent's standard deviation over
     # the whole rollout) on seeds 0 to 9, seed by seed so that a partial recording stays paired.
     # The grid of record's jobs with only scaling and seed set; recorded with --share-initial at
@@ -194,7 +203,7 @@ JOBS = {
 ONE_COMMIT = {"grid": ("ch08/grid", "ch09/llm"), "ch09": ("ch08/grid", "ch09/llm"),
               "grid-stop": ("ch08/grid-stop",), "grid-mask": ("ch08/grid-mask",),
               "ch09-mask": ("ch09/llm/grid-mask",), "grid-mask-centred": None,
-              "grid-mask-batch": None}
+              "grid-mask-batch": None, "grid-mask-oracle": None}
 """Recordings whose runs are compared with each other: each must run at one commit. The value
 names the folders whose recorded runs set that commit; ``None``: the recording's own jobs."""
 

@@ -295,6 +295,20 @@ def test_centred_recording_is_the_grids_centred_jobs_at_its_own_commit(tmp_path)
     assert rec.recorded_commits("grid-mask-centred", tmp_path) == {"abc1234"}
 
 
+def test_oracle_recording_is_the_grids_oracle_jobs_on_seeds_3_to_9_centred_first():
+    # chapter 8's third box: the oracle on seeds 3-9 under both scalings, centred first, each the
+    # grid of record's oracle job (config, overrides, folder) with only seed and scaling set
+    rec = _recorder()
+    jobs = [rec._job(j, "grid-mask-oracle") for j in rec.JOBS["grid-mask-oracle"]]
+    assert [(j[0], j[1], j[3]["scale_rewards"]) for j in jobs] == [
+        ("oracle", k, sc) for sc in ("none", "group") for k in range(3, 10)]
+    seed0 = {j[2]: j for j in (rec._job(j, "grid-mask") for j in rec.JOBS["grid-mask"])}
+    for j in jobs:
+        sc = j[3]["scale_rewards"]
+        assert j[2] == f"ch08/grid-mask/oracle-{sc}/seed{j[1]}"
+        assert j[3:] == seed0[f"ch08/grid-mask/oracle-{sc}/seed0"][3:]
+    assert rec.ONE_COMMIT["grid-mask-oracle"] is None
+
 def test_recorder_shares_each_seeds_untrained_evaluation(tmp_path):
     # --share-initial: a seed's first arm evaluates the untrained pool; its other arms wait for
     # that file and take it (train --initial_eval), while other seeds' first arms use the cores
