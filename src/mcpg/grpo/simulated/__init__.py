@@ -62,10 +62,10 @@ policies.
 compute J_sys, the private utilities U_i and their gradients exactly (Theorem 1), and
 :func:`advantage_probe` measures by Monte Carlo which way each signal pushes an agent.
 
-The package has five modules: ``pool`` (configuration, questions,
+The package has six modules: ``pool`` (configuration, questions,
 features, calibrated router), ``loop`` (training and evaluation),
 ``experiment`` (seeds, paired t-intervals, tables, curves),
-``exact`` (Theorem 1 exactly) and ``probes``;
+``exact`` (Theorem 1 exactly), ``probes`` and ``twin`` (the pool set from chapter 8's slates);
 everything is re-exported here, so ``sim.X`` works for all of them.
 
 Seeds are a leading batch axis: :func:`train_pool` trains several independent pools at
@@ -74,12 +74,14 @@ own slice of every parameter, so a seed's run depends on that seed only. Torch r
 thread inside these functions: the tensors are tiny and a thread pool only adds overhead.
 """
 
-from . import exact, experiment, loop, pool, probes
+from . import exact, experiment, loop, pool, probes, twin
 from .exact import *  # noqa: F403
 from .experiment import *  # noqa: F403
 from .loop import *  # noqa: F403
 from .pool import *  # noqa: F403
 from .probes import *  # noqa: F403
+from .twin import *  # noqa: F403
 
 # the five modules' public names, in the order the docstring lists the modules
-__all__ = [*pool.__all__, *loop.__all__, *experiment.__all__, *exact.__all__, *probes.__all__]
+__all__ = [*pool.__all__, *loop.__all__, *experiment.__all__, *exact.__all__, *probes.__all__,
+           *twin.__all__]

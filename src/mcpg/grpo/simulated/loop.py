@@ -16,6 +16,7 @@ from ... import allocation, routing
 from ..objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .pool import (
     DIAGNOSTIC_KEYS,
+    _positive_int,
     EVAL_KEYS,
     SAMPLED_KEYS,
     SimConfig,
@@ -23,6 +24,7 @@ from .pool import (
     _check_seeds,
     _one_thread,
     candidate_features,
+    draw_difficulty,
     draw_questions,
     initial_logits,
 )
@@ -156,6 +158,11 @@ class SimRun:
             :func:`mcpg.allocation.predraw_risk`), ``risk_removal`` = Σ a²η², the error of
             Eq. (19) alone on the same slates, and ``loss`` the realised Σ a²(Δ̃ − Δ)² (its
             expectation is ``risk``). None otherwise.
+        slates: with ``train_pool(..., keep_slates=n)``, the first n updates' slates, one dict
+            per update with arrays whose first axis is the seed: ``R``, ``p``, ``mu_hat``,
+            ``score`` (the credit trained on) ``(S, B*m, K)``, ``P`` ``(S, B*m, K, K)``, ``I``
+            ``(S, B*m)`` and ``cut`` (None without a cut outcome), a prompt's m slates
+            consecutive, as the LLM engine logs them. None otherwise.
     """
 
     cfg: SimConfig
@@ -168,6 +175,7 @@ class SimRun:
     router: np.ndarray
     seconds: float = 0.0
     exact: dict[str, np.ndarray] | None = None
+    slates: list[dict] | None = None
 
     def frame(self):
         """Long pandas DataFrame: one row per (seed, checkpoint), a column per metric."""
@@ -188,6 +196,35 @@ def _gather_logp(logp_table: torch.Tensor, types: np.ndarray, actions: np.ndarra
     return logp_table[s, k, t, torch.as_tensor(actions)]
 
 
+def _question_logits(theta: torch.Tensor, types: np.ndarray, difficulty: np.ndarray) -> torch.Tensor:
+    """Each agent's logits on each question, (S, B, K, M), with the competence's difficulty
+    ``d_q`` subtracted from the right answer's (action 0); ``theta`` (S, K, T, M)."""
+    S, B = types.shape
+    s = torch.arange(S).view(S, 1)
+    q = theta[s, :, torch.as_tensor(types)]  # (S, B, K, M)
+    shift = torch.zeros(q.shape[-1], dtype=q.dtype)
+    shift[0] = 1.0
+    return q - torch.as_tensor(difficulty, dtype=q.dtype)[:, :, None, None] * shift
+
+
+def _competence_logp(theta: torch.Tensor, types: np.ndarray, difficulty: np.ndarray,
+                     actions: np.ndarray) -> torch.Tensor:
+    """log pi_k(A | q) for actions (S, B, m, K) under :class:`Competence`."""
+    logp = torch.log_softmax(_question_logits(theta, types, difficulty), -1)  # (S, B, K, M)
+    a = torch.as_tensor(actions).permute(0, 1, 3, 2)  # (S, B, K, m)
+    return torch.gather(logp, -1, a).permute(0, 1, 3, 2)
+
+
+def _clip_grad(theta: torch.Tensor, max_norm: float) -> None:
+    """Clip each (seed, agent) slice of ``theta.grad`` to ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` clips one adapter's gradient (factor
+    ``max_norm / (norm + 1e-6)``, at most 1)."""
+    g = theta.grad
+    norm = g.flatten(2).norm(dim=-1)  # (S, K)
+    factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    g.mul_(factor[:, :, None, None])
+
+
 def _scores(features: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Router scores: features (S, ..., K, F) times weights (S, F)."""
     S = weights.shape[0]
@@ -205,8 +242,11 @@ def _slate_metrics(cfg: SimConfig, answers, types, z, checks, weights):
     return out, correct, s
 
 
-def _evaluate(cfg: SimConfig, theta: torch.Tensor, weights: torch.Tensor, eval_set, eval_rngs):
+def _evaluate(cfg: SimConfig, theta: torch.Tensor, weights: torch.Tensor, eval_set, eval_rngs,
+              difficulty=None):
     types, z, checks = eval_set  # (S, n), (S, n), (S, n, M)
+    if cfg.competence is not None:
+        return _evaluate_competence(cfg, theta, weights, eval_set, eval_rngs, difficulty)
     with torch.no_grad():
         greedy = theta.argmax(-1).numpy()  # (S, K, T)
         pi = torch.softmax(theta, -1).numpy()
@@ -236,14 +276,41 @@ def _evaluate(cfg: SimConfig, theta: torch.Tensor, weights: torch.Tensor, eval_s
     return out, by_type
 
 
+def _evaluate_competence(cfg: SimConfig, theta, weights, eval_set, eval_rngs, difficulty):
+    """:func:`_evaluate` under :class:`Competence`: greedy and sampled answers per question;
+    the policy diagnostics (overlap, coverage, distinct greedy answers per type) are defined for
+    the default pool only (NaN here)."""
+    types, z, checks = eval_set
+    S, n = types.shape
+    with torch.no_grad():
+        pi_q = torch.softmax(_question_logits(theta, types, difficulty), -1).numpy()  # (S, n, K, M)
+    answers = pi_q.argmax(-1)  # (S, n, K)
+    out, correct, s = _slate_metrics(cfg, answers, types, z, checks, weights)
+    u = np.stack([r.random((n, cfg.n_agents, 1)) for r in eval_rngs])
+    sampled = np.minimum((u > np.cumsum(pi_q, -1)).sum(-1), cfg.n_answers - 1)
+    out_s, _, _ = _slate_metrics(cfg, sampled, types, z, checks, weights)
+    out.update({f"sampled_{k}": v for k, v in out_s.items()})
+    out["overlap"] = out["coverage"] = np.full(S, np.nan)
+    dep = np.argmax(s, -1)
+    R_dep = np.take_along_axis(correct, dep[..., None], -1)[..., 0]
+    onehot = types[..., None] == np.arange(cfg.n_types)
+    count = np.maximum(onehot.sum(1), 1)
+    by_type = {"accuracy": (R_dep[..., None] * onehot).sum(1) / count,
+               "oracle": (correct.max(-1)[..., None] * onehot).sum(1) / count,
+               "distinct": np.full((S, cfg.n_types), np.nan)}
+    return out, by_type
+
+
 @_one_thread
-def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,)) -> SimRun:
+def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,), keep_slates: int = 0) -> SimRun:
     """Train the simulated routed pool with one method, for each seed (paper §8's loop).
 
     Args:
         cfg: the environment and the training hyperparameters.
         method: ``"frozen"``, ``"wta"``, ``"removal"`` or ``"oracle"`` (``METHODS``).
         seeds: seeds of the independent runs, trained together as a batch.
+        keep_slates: keep the slates of the first this many updates (``SimRun.slates``), as
+            the LLM engine logs them, for :mod:`mcpg.grpo.slate_measures`.
 
     Each update: a rollout of ``prompts_per_update`` questions with m slates; routing by the
     current (fixed) router; draw, credit and per-agent group advantages by
@@ -257,10 +324,11 @@ def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,)) -
         raise ValueError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
     _check_method(method)
     seeds = _check_seeds(seeds)
-    return _train(cfg, method, seeds)
+    _positive_int(keep_slates, "keep_slates", allow_zero=True)
+    return _train(cfg, method, seeds, keep_slates)
 
 
-def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
+def _train(cfg: SimConfig, method: str, seeds: list[int], keep_slates: int = 0) -> SimRun:
     t0 = time.perf_counter()
     S, K, T, M = len(seeds), cfg.n_agents, cfg.n_types, cfg.n_answers
     B, m = cfg.prompts_per_update, cfg.completions_per_agent
@@ -268,6 +336,13 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     eval_sets = [draw_questions(cfg, cfg.eval_questions, np.random.default_rng([s, 1])) for s in seeds]
     eval_set = tuple(np.stack([e[i] for e in eval_sets]) for i in range(3))
     eval_rngs = [np.random.default_rng([s, 2]) for s in seeds]  # sampled answers at evaluation
+    comp = cfg.competence
+    # the questions' difficulty (competence only; own streams, so the default pool's are unchanged)
+    eval_difficulty = (np.stack([draw_difficulty(cfg, cfg.eval_questions, np.random.default_rng([s, 5]))
+                                 for s in seeds]) if comp is not None else None)
+    difficulty_rngs = [np.random.default_rng([s, 6]) for s in seeds] if comp is not None else None
+    cut = comp.cut_action if comp is not None else None
+    slates: list[dict] = []
 
     theta = torch.tensor(
         np.stack([initial_logits(cfg, r) for r in rngs]), dtype=torch.float64, requires_grad=True
@@ -291,7 +366,7 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
     ci = 0
     for u in range(cfg.updates + 1):
         if u in ckpts:
-            ev, ev_type = _evaluate(cfg, theta, weights, eval_set, eval_rngs)
+            ev, ev_type = _evaluate(cfg, theta, weights, eval_set, eval_rngs, eval_difficulty)
             for k, v in ev.items():
                 hist[k][:, ci] = v
             for k, v in ev_type.items():
@@ -307,9 +382,14 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         types = np.stack([q[0] for q in qs])  # (S, B)
         z = np.stack([q[1] for q in qs])  # (S, B)
         checks = np.stack([q[2] for q in qs])  # (S, B, M)
-        with torch.no_grad():
-            pi = torch.softmax(theta, -1).numpy()  # (S, K, T, M)
-        pi_q = np.stack([pi[s][:, types[s]] for s in range(S)]).transpose(0, 2, 1, 3)  # (S, B, K, M)
+        if comp is not None:
+            difficulty = np.stack([draw_difficulty(cfg, B, r) for r in difficulty_rngs])  # (S, B)
+            with torch.no_grad():
+                pi_q = torch.softmax(_question_logits(theta, types, difficulty), -1).numpy()  # (S, B, K, M)
+        else:
+            with torch.no_grad():
+                pi = torch.softmax(theta, -1).numpy()  # (S, K, T, M)
+            pi_q = np.stack([pi[s][:, types[s]] for s in range(S)]).transpose(0, 2, 1, 3)  # (S, B, K, M)
         uni = np.stack([r.random((B, m, K)) for r in rngs])
         cdf = np.cumsum(pi_q, -1)[:, :, None]  # (S, B, 1, K, M)
         actions = np.minimum((uni[..., None] > cdf).sum(-1), M - 1)  # (S, B, m, K)
@@ -337,6 +417,11 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         if budgeted:
             _exact_diagnostics(exact, step.exact, step.scores, R, p, P, cfg.exact_budget,
                                predraw=cfg.allocation == "leverage")
+        if u < keep_slates:  # as the engine logs them: slates of one prompt consecutive
+            slates.append({"update": u + 1, "R": R.reshape(S, B * m, K), "p": p.reshape(S, B * m, K),
+                           "P": P.reshape(S, B * m, K, K), "mu_hat": mu_hat.reshape(S, B * m, K),
+                           "I": I.reshape(S, B * m), "score": step.scores.reshape(S, B * m, K),
+                           "cut": (actions == cut).reshape(S, B * m, K) if cut is not None else None})
         if u in ckpts:
             hist["train_reward"][:, ci - 1] = G.reshape(S, -1).mean(1)
             # per seed: the share of its (question, agent) groups whose m scores are all equal
@@ -345,15 +430,23 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         # 5. actor update: the clipped GRPO loss per agent (Adam)
         if method != "frozen":
             adv = torch.as_tensor(step.advantages)
+
+            def logp_of(th):
+                if comp is not None:
+                    return _competence_logp(th, types, difficulty, actions)
+                return _gather_logp(torch.log_softmax(th, -1), types, actions)
+
             with torch.no_grad():
-                logp_old = _gather_logp(torch.log_softmax(theta, -1), types, actions)
+                logp_old = logp_of(theta)
             # The engine sums one clipped loss per agent, each averaged over that agent's
             # completions. Every (seed, agent) here has the same B * m one-token completions,
             # so S * K times the loss averaged over all of them is that same sum.
             ones = torch.ones(S * B * m * K, 1, dtype=torch.float64)
+            if cut is not None:  # a cut answer enters no gradient (mask_truncated_completions)
+                ones = torch.as_tensor(actions != cut, dtype=torch.float64).reshape(-1, 1)
             for _ in range(cfg.num_iterations):
                 actor_opt.zero_grad()
-                logp = _gather_logp(torch.log_softmax(theta, -1), types, actions)
+                logp = logp_of(theta)
                 loss = (
                     S
                     * K
@@ -367,6 +460,8 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
                     )
                 )
                 loss.backward()
+                if cfg.max_grad_norm > 0:
+                    _clip_grad(theta, cfg.max_grad_norm)
                 actor_opt.step()
 
         # 6. router update on this rollout's selected feedback (IPW cross-entropy)
@@ -393,6 +488,7 @@ def _train(cfg: SimConfig, method: str, seeds: list[int]) -> SimRun:
         router=router_snap,
         seconds=time.perf_counter() - t0,
         exact=exact,
+        slates=slates or None,
     )
 
 

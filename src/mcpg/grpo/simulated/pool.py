@@ -21,7 +21,9 @@ __all__ = [
     "SAMPLED_KEYS",
     "DIAGNOSTIC_KEYS",
     "SimConfig",
+    "Competence",
     "draw_questions",
+    "draw_difficulty",
     "candidate_features",
     "initial_logits",
     "calibrated_router",
@@ -42,6 +44,61 @@ DEFAULT_ANSWER_PROBS: tuple[tuple[float, ...], ...] = (
     (0.50, 0.25, 0.25),  # time: one answer is right half the time
     (0.60, 0.20, 0.20),  # geometry: one answer dominates more
 )
+
+
+@dataclass(frozen=True)
+class Competence:
+    """How an LLM agent comes to be right: by competence, not by picking (chapter 7's twin).
+
+    In chapter 7's default pool an agent sees a question's type and picks one of its candidate
+    answers, so a team covers a type's questions only through agents that pick differently. An
+    LLM agent works a question out: it is right when its skill suffices for that question, the
+    question has one right answer, and a hard question is hard for every agent, so the agents'
+    rightness is correlated by the question's difficulty. With ``SimConfig.competence`` set,
+    agent k's policy on a question q of type t is a softmax over its outcomes,
+
+    - action 0, the right answer, with logit ``theta[k, t, 0] − d_q``;
+    - actions 1 to ``wrong_answers``, wrong answers, with logits ``theta[k, t, a]``;
+    - with ``cut_logit`` set, a last action: an answer cut at the token budget, which earns 0
+      and, as under ``mask_truncated_completions``, enters no gradient;
+
+    where ``d_q ~ N(0, difficulty_sd²)`` is the question's difficulty, drawn once and shared by
+    every agent. The initial logits are ``skill[k]`` on the right answer (plus the specialty
+    bonus on the agent's type), 0 on each wrong answer and ``cut_logit`` on the cut one, plus
+    ``init_noise``. The router reads the (type, agent) one-hot, the check of the candidate and a
+    bias; not the action's index, which would tell it which answer is right.
+
+    Attributes:
+        skill: per agent, its right answer's initial logit at difficulty 0 (against 0 for a
+            wrong answer).
+        difficulty_sd: the spread of the questions' difficulty (0: every question alike, so
+            the agents' rightness is independent given their policies).
+        wrong_answers: the number of wrong outcomes (>= 1).
+        cut_logit: the cut outcome's initial logit; None: no cut answers.
+    """
+
+    skill: tuple[float, ...]
+    difficulty_sd: float = 1.0
+    wrong_answers: int = 1
+    cut_logit: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.skill) < 1 or not np.all(np.isfinite(self.skill)):
+            raise ValueError(f"skill must give each agent a finite logit, got {self.skill}")
+        if not (np.isfinite(self.difficulty_sd) and self.difficulty_sd >= 0):
+            raise ValueError(f"difficulty_sd must be non-negative, got {self.difficulty_sd}")
+        _positive_int(self.wrong_answers, "wrong_answers")
+        if self.cut_logit is not None and not np.isfinite(self.cut_logit):
+            raise ValueError(f"cut_logit must be finite or None, got {self.cut_logit}")
+
+    @property
+    def n_actions(self) -> int:
+        return 1 + self.wrong_answers + (self.cut_logit is not None)
+
+    @property
+    def cut_action(self) -> int | None:
+        """The index of the cut outcome (None without one)."""
+        return None if self.cut_logit is None else self.n_actions - 1
 
 
 @dataclass(frozen=True)
@@ -88,6 +145,13 @@ class SimConfig:
         allocation: which slates get the budget: ``"sqrt"`` (Eq. 22), ``"uniform"``,
             ``"proportional"`` or ``"leverage"`` (Eq. 22 before the draw, on the exact score
             norms, p = 0 allowed) (:data:`mcpg.allocation.ALLOCATIONS`).
+        competence: None (the default): agents are right by picking a type's answer, as above.
+            A :class:`Competence`: agents are right by competence on questions of shared
+            difficulty (chapter 7's twin of chapter 8); ``answer_probs`` then only gives the
+            number of types, and the agents' actions are the competence's outcomes.
+        max_grad_norm: the gradient of each agent's logits (per seed) is clipped to this norm
+            before Adam's step, as the LLM engine clips each adapter's (TRL's
+            ``max_grad_norm``); 0 (the default): no clipping.
     """
 
     n_agents: int = 3
@@ -117,6 +181,8 @@ class SimConfig:
     eval_every: int = 5
     exact_budget: float = 0.0
     allocation: str = "sqrt"
+    competence: Competence | None = None
+    max_grad_norm: float = 0.0
 
     def __post_init__(self) -> None:
         from ...allocation import ALLOCATIONS
@@ -172,7 +238,15 @@ class SimConfig:
             v = getattr(self, key)
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{key} must be positive, got {v}")
-        for key in ("base_scale", "specialty_bonus", "init_noise", "clip_eps", "advantage_eps"):
+        if self.competence is not None:
+            if not isinstance(self.competence, Competence):
+                raise ValueError(f"competence must be a Competence or None, got {type(self.competence).__name__}")
+            if len(self.competence.skill) != self.n_agents:
+                raise ValueError(f"competence.skill must give each of the {self.n_agents} agents a logit, "
+                                 f"got {len(self.competence.skill)}")
+            if self.exact_budget > 0:
+                raise ValueError("exact_budget is defined on the default pool only, not with competence")
+        for key in ("base_scale", "specialty_bonus", "init_noise", "clip_eps", "advantage_eps", "max_grad_norm"):
             v = getattr(self, key)
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"{key} must be non-negative, got {v}")
@@ -184,7 +258,8 @@ class SimConfig:
 
     @property
     def n_answers(self) -> int:
-        return len(self.answer_probs[0])
+        """M, the agents' actions: the candidate answers, or the competence's outcomes."""
+        return self.competence.n_actions if self.competence is not None else len(self.answer_probs[0])
 
     @property
     def n_features(self) -> int:
@@ -270,18 +345,31 @@ def draw_questions(
     for each (question, answer): what the router's check would say of answer a. With
     ``cfg.unsolvable > 0`` each question is, with that probability, unsolvable: ``Z = M``
     (no candidate is right) and its checks are flips of 0 (drawn after the other draws, so
-    ``unsolvable = 0`` leaves the generator's stream as it was).
+    ``unsolvable = 0`` leaves the generator's stream as it was). With ``cfg.competence`` the
+    right answer is action 0 (``Z = 0``) on every solvable question.
     """
     _positive_int(n, "n")
     T, M = cfg.n_types, cfg.n_answers
     types = rng.choice(T, size=n, p=cfg.type_distribution())
-    cdf = np.cumsum(np.asarray(cfg.answer_probs, dtype=float), axis=1)
-    z = np.minimum((rng.random(n)[:, None] > cdf[types]).sum(1), M - 1)
+    if cfg.competence is not None:  # the right answer is action 0 (:class:`Competence`)
+        z = np.zeros(n, dtype=int)
+    else:
+        cdf = np.cumsum(np.asarray(cfg.answer_probs, dtype=float), axis=1)
+        z = np.minimum((rng.random(n)[:, None] > cdf[types]).sum(1), M - 1)
     flips = rng.random((n, M)) < cfg.check_flip
     if cfg.unsolvable > 0:
         z = np.where(rng.random(n) < cfg.unsolvable, M, z)
     checks = ((np.arange(M)[None, :] == z[:, None]) ^ flips).astype(float)
     return types, z, checks
+
+
+def draw_difficulty(cfg: SimConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The difficulty ``d_q`` of n questions, ``N(0, difficulty_sd²)`` with ``cfg.competence``
+    (:class:`Competence`), shape (n,); zeros in the default pool (no draw is made)."""
+    _positive_int(n, "n")
+    if cfg.competence is None:
+        return np.zeros(n)
+    return cfg.competence.difficulty_sd * rng.normal(size=n)
 
 
 def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
@@ -294,7 +382,9 @@ def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
 
     Layout of F = T*M + T*K + 2: one-hot of (type, answer), one-hot of (type, agent), the
     check coded as +-1, a bias. With ``cfg.candidate_blind`` the (type, answer) and check
-    entries are zero: the score then depends on the type and the agent only.
+    entries are zero: the score then depends on the type and the agent only. With
+    ``cfg.competence`` the (type, answer) entries are zero too (an action's index would say
+    whether it is right); the check stays.
     """
     types = np.asarray(types)
     answers = np.asarray(answers)
@@ -316,7 +406,8 @@ def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
     out = np.zeros(answers.shape + (F,))
     idx = np.indices(answers.shape)
     if not cfg.candidate_blind:
-        out[(*idx, t * M + answers)] = 1.0
+        if cfg.competence is None:
+            out[(*idx, t * M + answers)] = 1.0
         out[..., F - 2] = 2.0 * checks - 1.0
     out[(*idx, T * M + t * K + agent)] = 1.0
     out[..., F - 1] = 1.0
@@ -326,8 +417,18 @@ def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
 def initial_logits(cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
     """Agents' initial logits (K, T, M): the shared base policy ``base_scale * log(answer_probs)``
     (probabilities floored at 1e-3), noise of scale ``init_noise``, and the specialty bonus on
-    answer 0 of each agent's specialty type."""
+    answer 0 of each agent's specialty type. With ``cfg.competence``, the competence's
+    logits (:class:`Competence`) with the same noise and bonus."""
     K, T, M = cfg.n_agents, cfg.n_types, cfg.n_answers
+    if cfg.competence is not None:  # right, wrong, (cut): see :class:`Competence`
+        c = cfg.competence
+        base = np.zeros((K, T, M))
+        base[:, :, 0] = np.asarray(c.skill, dtype=float)[:, None]
+        if c.cut_action is not None:
+            base[:, :, c.cut_action] = c.cut_logit
+        theta = base + cfg.init_noise * rng.normal(size=(K, T, M))
+        theta[np.arange(K), cfg.specialties(), 0] += cfg.specialty_bonus
+        return theta
     base = cfg.base_scale * np.log(np.maximum(np.asarray(cfg.answer_probs, dtype=float), 1e-3))
     theta = base[None] + cfg.init_noise * rng.normal(size=(K, T, M))
     theta[np.arange(K), cfg.specialties(), 0] += cfg.specialty_bonus
@@ -349,6 +450,8 @@ def calibrated_router(cfg: SimConfig) -> np.ndarray:
     likelihood ratio is unchanged). With ``cfg.candidate_blind`` only the type enters: ``logit`` of the
     type's mean accuracy is not identifiable per candidate, so the weights are all zero.
     """
+    if cfg.competence is not None:
+        raise ValueError("calibrated_router is defined on the default pool, not with competence")
     T, M = cfg.n_types, cfg.n_answers
     w = np.zeros(cfg.n_features)
     if cfg.candidate_blind:
