@@ -321,9 +321,13 @@ def predraw_risk(p, w2) -> float:
 
 
 def predraw_allocation(w2, cost, budget) -> np.ndarray:
-    """The least :func:`predraw_risk` over allocations with Σ p c ≤ C, p = 0 allowed (Eq. 22).
+    """The least :func:`predraw_risk` over allocations with Σ p c ≤ C, p = 0 allowed: the top-n rule.
 
-    When p is fixed before the router's draw, Eq. (19) is unbiased over the draw on a slate
+    Not Eq. (22), which it departs from in three ways: p = 0 is allowed (Eq. 21 divides by p,
+    so Theorems 2 and 3, read with every p > 0, do not cover it); only the n slates of largest
+    weight are evaluated, with n chosen to give the least risk, and Eq. (22)'s water-filling
+    applies on those n alone; and the weight w² must be fixed before the router's draw. When
+    p is fixed before the router's draw, Eq. (19) is unbiased over the draw on a slate
     that is never evaluated, so p = 0 is allowed and costs w² (:func:`predraw_risk`). As
     w²(1/p − 1) ≥ w² for p ≤ ½, only p ∈ {0} ∪ (½, 1] can be optimal. With equal costs an
     optimal allocation evaluates the n slates of largest w for some n (swapping a p = 0
@@ -395,7 +399,10 @@ def slate_allocation(a, sigma2, eta2, cost, budget, rule: str = "sqrt", floor: f
     ``a, sigma2, eta2`` of shape ``(N, K)`` (or ``(..., K)``), ``cost`` one per slate. Rules:
 
     - ``"sqrt"``: Eq. (22) on the slate entries of :func:`slate_entries`,
-      p ∝ √(Σ_i a_i²(σ_i² + η_i²)) / √c (Theorem 2's optimum);
+      p ∝ √(Σ_i a_i²(σ_i² + η_i²)) / √c (Theorem 2's optimum for slates). It departs from
+      Eq. (22) in that a slate's K agents share one draw (one evaluation reveals every reward
+      of the slate), so the unit is a slate, not a contribution; and, with ``floor`` > 0, in
+      the floor below. :class:`ExactBudget` adds the engine's other departures;
     - ``"uniform"``: the same p for every slate (when every slate costs the same, it is also
       chapter 6's cost-proportional allocation);
     - ``"proportional"``: p ∝ Σ_i a_i²(σ_i² + η_i²), proportional to the risk weight rather
@@ -492,7 +499,14 @@ def predraw_error_proxy(p, P, mu_hat) -> np.ndarray:
 
 
 class ExactBudget:
-    """Exact evaluations on a budget inside training: Eq. (22)'s allocation and Eq. (21).
+    """Exact evaluations on a budget inside training: Eq. (21), with p from a rule of :data:`ALLOCATIONS`.
+
+    Rule ``"sqrt"`` is Eq. (22) with four departures, which chapter 9 names: one draw per
+    slate, shared by its K agents (:func:`slate_allocation`); the leverage ``a`` is what the
+    caller passes (the engine passes the advantage's first-order sensitivity,
+    :func:`mcpg.grpo.objective.credit_leverage`, not the paper's ‖Ψ_i‖); η² is predicted
+    (κ_i v_i below, v given the router's draw) rather than known; and a floor mixes in a
+    tenth of the uniform allocation by default, the pilot rollout being uniform.
 
     ``share`` is the expected fraction of slates evaluated exactly (one evaluation serves all
     K agents of its slate, so it is also the share of agent-slates); the budget of a rollout
