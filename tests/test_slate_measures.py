@@ -192,3 +192,40 @@ def test_competence_config_is_checked():
         sim.calibrated_router(sim.SimConfig(competence=sim.Competence(skill=(0.0, 0.0, 0.0))))
     with pytest.raises(ValueError, match="ablation"):
         sim.ablation(sim.SimConfig(competence=sim.Competence(skill=(0.0, 0.0, 0.0))), "nothing")
+
+
+def test_competence_expectations_match_the_simulated_first_rollout():
+    # the quadrature's exact measures against a large Monte Carlo rollout of the same pool
+    comp = sim.Competence(skill=(-1.0, -1.5, -2.5), difficulty_sd=1.5, idiosyncratic_sd=1.0, cut_logit=-0.3)
+    cfg = sim.SimConfig(competence=comp, unsolvable=0.2, init_noise=0.0, specialty_bonus=0.0)
+    exact = sim.competence_expectations(cfg)
+    mc = sim.untrained_measures(cfg, seeds=range(4), prompts=3000, alignment=False)
+    for key in (*sim.MATCHED, "team_success", "multi_right", "accuracy"):
+        assert mc[key] == pytest.approx(exact[key], abs=0.015), key
+
+
+def test_fit_competence_recovers_the_measures_of_a_known_pool():
+    truth = sim.SimConfig(competence=sim.Competence(skill=(-1.0, -2.0, -3.0), difficulty_sd=1.2,
+                                                    idiosyncratic_sd=0.8, cut_logit=-0.5), unsolvable=0.1)
+    targets = sim.competence_expectations(truth)
+    fitted = sim.fit_competence(targets, sim.SimConfig())
+    got = sim.competence_expectations(fitted)
+    for key in sim.MATCHED:
+        assert got[key] == pytest.approx(targets[key], rel=0.05, abs=0.005), key
+
+
+def test_each_ablation_moves_one_variable():
+    twin = sim.SimConfig(competence=sim.Competence(skill=(-1.0, -2.0, -3.0), difficulty_sd=1.2,
+                                                   idiosyncratic_sd=0.8, cut_logit=-0.5),
+                         prompts_per_update=8, updates=32, router_tau=0.3, check_flip=0.08, max_grad_norm=1.0)
+    default = sim.SimConfig()
+    fields = {f.name for f in dataclasses.fields(sim.SimConfig)}
+    for name in sim.ABLATIONS:
+        cfg = sim.ablation(twin, name)
+        moved = {f for f in fields if getattr(cfg, f) != getattr(twin, f)}
+        expected = {"rightness": {"competence", "answer_probs"}, "difficulty": {"competence"},
+                    "updates": {"updates"}, "prompts": {"prompts_per_update"}, "cut": {"competence"},
+                    "clipping": {"max_grad_norm"}, "router": {"router_tau", "check_flip"}}[name]
+        assert moved <= expected and moved, (name, moved)
+        for f in moved - {"competence", "answer_probs"}:
+            assert getattr(cfg, f) == getattr(default, f)

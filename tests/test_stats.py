@@ -213,3 +213,16 @@ def test_compare_reading_takes_the_paired_mean_and_other_verbs():
     assert "removal (0.205) is above wta (0.188)" in s
     s = stats.compare_reading("a", "b", 0.2, 0.1, -0.1, 0.3, verbs=("is above", "is below"))
     assert "above on average" in s and "cannot be told apart" in s
+
+
+def test_holm_adjusts_step_down_and_keeps_at_least_bonferronis():
+    from mcpg.stats import holm
+
+    p = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5}
+    adj = holm(p)
+    # sorted 0.01, 0.03, 0.04, 0.5: 4 x 0.01, max(0.04, 3 x 0.03), max(0.09, 2 x 0.04), max(0.09, 0.5)
+    assert adj == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.5})
+    kept = {k for k, v in adj.items() if v < 0.05}
+    assert kept == {"a"} and kept >= {k for k, v in p.items() if len(p) * v < 0.05}
+    with pytest.raises(ValueError):
+        holm({"x": 1.5})

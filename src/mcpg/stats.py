@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = [
+    "holm",
     "EVAL_KEYS",
     "SPECIALTIES",
     "t_quantile",
@@ -195,6 +196,23 @@ def seed_names(seeds, noun: str = "seed") -> str:
     if not xs:
         raise ValueError("no seed to name")
     return f"{noun}{'s' * (len(xs) > 1)} {join_words(xs)}"
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjusted p-values of a family of tests, ``{name: p}`` to ``{name: p_adj}``.
+
+    Sorted p_(1) ≤ … ≤ p_(n), the adjusted value of the i-th is ``max_{j ≤ i} min(1, (n − j + 1)
+    p_(j))``; a test is kept at family-wise level α when its adjusted value is below α. Holm's
+    rule controls the family-wise error as Bonferroni's does (``n p``) and never keeps fewer.
+    """
+    out, running, n = {}, 0.0, len(pvalues)
+    for i, key in enumerate(sorted(pvalues, key=pvalues.get)):
+        p = float(pvalues[key])
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p-value of {key!r} must lie in [0, 1], got {p}")
+        running = max(running, min(1.0, (n - i) * p))
+        out[key] = running
+    return out
 
 
 def paired_difference(a, b, level: float = 0.95) -> Interval:

@@ -198,13 +198,14 @@ def _gather_logp(logp_table: torch.Tensor, types: np.ndarray, actions: np.ndarra
 
 def _question_logits(theta: torch.Tensor, types: np.ndarray, difficulty: np.ndarray) -> torch.Tensor:
     """Each agent's logits on each question, (S, B, K, M), with the competence's difficulty
-    ``d_q`` subtracted from the right answer's (action 0); ``theta`` (S, K, T, M)."""
+    ``d_q + e_qk`` (``difficulty``, (S, B, K)) subtracted from the right answer's (action 0);
+    ``theta`` (S, K, T, M)."""
     S, B = types.shape
     s = torch.arange(S).view(S, 1)
     q = theta[s, :, torch.as_tensor(types)]  # (S, B, K, M)
     shift = torch.zeros(q.shape[-1], dtype=q.dtype)
     shift[0] = 1.0
-    return q - torch.as_tensor(difficulty, dtype=q.dtype)[:, :, None, None] * shift
+    return q - torch.as_tensor(difficulty, dtype=q.dtype)[..., None] * shift
 
 
 def _competence_logp(theta: torch.Tensor, types: np.ndarray, difficulty: np.ndarray,
@@ -383,7 +384,7 @@ def _train(cfg: SimConfig, method: str, seeds: list[int], keep_slates: int = 0) 
         z = np.stack([q[1] for q in qs])  # (S, B)
         checks = np.stack([q[2] for q in qs])  # (S, B, M)
         if comp is not None:
-            difficulty = np.stack([draw_difficulty(cfg, B, r) for r in difficulty_rngs])  # (S, B)
+            difficulty = np.stack([draw_difficulty(cfg, B, r) for r in difficulty_rngs])  # (S, B, K)
             with torch.no_grad():
                 pi_q = torch.softmax(_question_logits(theta, types, difficulty), -1).numpy()  # (S, B, K, M)
         else:

@@ -57,13 +57,14 @@ class Competence:
     rightness is correlated by the question's difficulty. With ``SimConfig.competence`` set,
     agent k's policy on a question q of type t is a softmax over its outcomes,
 
-    - action 0, the right answer, with logit ``theta[k, t, 0] − d_q``;
+    - action 0, the right answer, with logit ``theta[k, t, 0] − d_q − e_qk``;
     - actions 1 to ``wrong_answers``, wrong answers, with logits ``theta[k, t, a]``;
     - with ``cut_logit`` set, a last action: an answer cut at the token budget, which earns 0
       and, as under ``mask_truncated_completions``, enters no gradient;
 
     where ``d_q ~ N(0, difficulty_sd²)`` is the question's difficulty, drawn once and shared by
-    every agent. The initial logits are ``skill[k]`` on the right answer (plus the specialty
+    every agent, and ``e_qk ~ N(0, idiosyncratic_sd²)`` is how much harder it is for agent k in
+    particular (shared by that agent's m completions of it, not by the other agents). The initial logits are ``skill[k]`` on the right answer (plus the specialty
     bonus on the agent's type), 0 on each wrong answer and ``cut_logit`` on the cut one, plus
     ``init_noise``. The router reads the (type, agent) one-hot, the check of the candidate and a
     bias; not the action's index, which would tell it which answer is right.
@@ -73,20 +74,24 @@ class Competence:
             wrong answer).
         difficulty_sd: the spread of the questions' difficulty (0: every question alike, so
             the agents' rightness is independent given their policies).
+        idiosyncratic_sd: the spread of each agent's own difficulty on a question.
         wrong_answers: the number of wrong outcomes (>= 1).
         cut_logit: the cut outcome's initial logit; None: no cut answers.
     """
 
     skill: tuple[float, ...]
     difficulty_sd: float = 1.0
+    idiosyncratic_sd: float = 0.0
     wrong_answers: int = 1
     cut_logit: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.skill) < 1 or not np.all(np.isfinite(self.skill)):
             raise ValueError(f"skill must give each agent a finite logit, got {self.skill}")
-        if not (np.isfinite(self.difficulty_sd) and self.difficulty_sd >= 0):
-            raise ValueError(f"difficulty_sd must be non-negative, got {self.difficulty_sd}")
+        for key in ("difficulty_sd", "idiosyncratic_sd"):
+            v = getattr(self, key)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"{key} must be non-negative, got {v}")
         _positive_int(self.wrong_answers, "wrong_answers")
         if self.cut_logit is not None and not np.isfinite(self.cut_logit):
             raise ValueError(f"cut_logit must be finite or None, got {self.cut_logit}")
@@ -364,12 +369,14 @@ def draw_questions(
 
 
 def draw_difficulty(cfg: SimConfig, n: int, rng: np.random.Generator) -> np.ndarray:
-    """The difficulty ``d_q`` of n questions, ``N(0, difficulty_sd²)`` with ``cfg.competence``
-    (:class:`Competence`), shape (n,); zeros in the default pool (no draw is made)."""
+    """How hard each of n questions is for each agent, ``d_q + e_qk`` with ``cfg.competence``
+    (:class:`Competence`), shape (n, K); zeros in the default pool (no draw is made)."""
     _positive_int(n, "n")
+    K = cfg.n_agents
     if cfg.competence is None:
-        return np.zeros(n)
-    return cfg.competence.difficulty_sd * rng.normal(size=n)
+        return np.zeros((n, K))
+    c = cfg.competence
+    return c.difficulty_sd * rng.normal(size=(n, 1)) + c.idiosyncratic_sd * rng.normal(size=(n, K))
 
 
 def candidate_features(cfg: SimConfig, types, answers, checks) -> torch.Tensor:
