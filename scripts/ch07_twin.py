@@ -76,7 +76,8 @@ def fit_twin(first: dict, training: dict) -> tuple[sim.SimConfig, list[str]]:
     steps.append(f"check_flip: winner-take-all's AUC over training ({training['auc']:.3f})")
     twin = sim.fit_scalar(twin, "learning_rate", training["accuracy"], "accuracy", "wta", (0.01, 1.0),
                           FIT_SEEDS, tol=0.005)
-    steps.append(f"learning_rate: winner-take-all's sampled accuracy over training ({training['accuracy']:.3f})")
+    steps.append("learning_rate: winner-take-all's sampled accuracy over training "
+                 f"({training['accuracy']:.3f})")
     return twin, steps
 
 
@@ -100,7 +101,8 @@ def _arms(cfg: sim.SimConfig) -> list[dict]:
 
 
 def _header() -> dict:
-    return {"command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python " + " ".join(sys.argv),
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    return {"command": f"OMP_NUM_THREADS={threads} python " + " ".join(sys.argv),
             **commit_state(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "machine": machine_info(), "seeds": SEEDS}
 

@@ -141,7 +141,8 @@ def test_competence_pool_is_right_by_skill_on_shared_difficulty():
         assert out[f"accuracy_{k}"] == pytest.approx(1 / (1 + np.exp(-s)), abs=0.015)
     assert abs(out["rightness_corr"]) < 0.03
     # a shared difficulty correlates the agents' rightness
-    hard = sim.untrained_measures(dataclasses.replace(cfg, competence=dataclasses.replace(comp, difficulty_sd=2.0)),
+    harder = dataclasses.replace(comp, difficulty_sd=2.0)
+    hard = sim.untrained_measures(dataclasses.replace(cfg, competence=harder),
                                   seeds=(0,))
     assert hard["rightness_corr"] > 0.15 and hard["question_corr"] > 0.3
 

@@ -189,7 +189,8 @@ def first_rollout(runs, update: int = 1, alignment: bool = True) -> dict:
     if not by_seed:
         raise ValueError(f"no run has logged slates of update {update}")
     rows = [by_seed[k] for k in sorted(by_seed)]
-    cat = {key: np.concatenate([np.asarray(r[key], float) for r in rows]) for key in ("R", "p", "P", "mu_hat")}
+    cat = {key: np.concatenate([np.asarray(r[key], float) for r in rows])
+           for key in ("R", "p", "P", "mu_hat")}
     sel = np.concatenate([np.asarray(r["I"], int) for r in rows])
     out = slate_measures(cat["R"], cat["p"], cat["P"], cat["mu_hat"], m, selected=sel, alignment=alignment)
     cuts = [np.asarray(r["cut"], float).ravel() for r in rows if "cut" in r]

@@ -16,13 +16,13 @@ from ... import allocation, routing
 from ..objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .pool import (
     DIAGNOSTIC_KEYS,
-    _positive_int,
     EVAL_KEYS,
     SAMPLED_KEYS,
     SimConfig,
     _check_method,
     _check_seeds,
     _one_thread,
+    _positive_int,
     candidate_features,
     draw_difficulty,
     draw_questions,
@@ -303,7 +303,8 @@ def _evaluate_competence(cfg: SimConfig, theta, weights, eval_set, eval_rngs, di
 
 
 @_one_thread
-def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,), keep_slates: int = 0) -> SimRun:
+def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,),
+               keep_slates: int = 0) -> SimRun:
     """Train the simulated routed pool with one method, for each seed (paper §8's loop).
 
     Args:

@@ -64,7 +64,8 @@ class Competence:
 
     where ``d_q ~ N(0, difficulty_sd²)`` is the question's difficulty, drawn once and shared by
     every agent, and ``e_qk ~ N(0, idiosyncratic_sd²)`` is how much harder it is for agent k in
-    particular (shared by that agent's m completions of it, not by the other agents). The initial logits are ``skill[k]`` on the right answer (plus the specialty
+    particular (shared by that agent's m completions of it, not by the other agents). The
+    initial logits are ``skill[k]`` on the right answer (plus the specialty
     bonus on the agent's type), 0 on each wrong answer and ``cut_logit`` on the cut one, plus
     ``init_noise``. The router reads the (type, agent) one-hot, the check of the candidate and a
     bias; not the action's index, which would tell it which answer is right.
@@ -245,13 +246,15 @@ class SimConfig:
                 raise ValueError(f"{key} must be positive, got {v}")
         if self.competence is not None:
             if not isinstance(self.competence, Competence):
-                raise ValueError(f"competence must be a Competence or None, got {type(self.competence).__name__}")
+                raise ValueError("competence must be a Competence or None, "
+                                 f"got {type(self.competence).__name__}")
             if len(self.competence.skill) != self.n_agents:
                 raise ValueError(f"competence.skill must give each of the {self.n_agents} agents a logit, "
                                  f"got {len(self.competence.skill)}")
             if self.exact_budget > 0:
                 raise ValueError("exact_budget is defined on the default pool only, not with competence")
-        for key in ("base_scale", "specialty_bonus", "init_noise", "clip_eps", "advantage_eps", "max_grad_norm"):
+        for key in ("base_scale", "specialty_bonus", "init_noise", "clip_eps", "advantage_eps",
+                    "max_grad_norm"):
             v = getattr(self, key)
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"{key} must be non-negative, got {v}")

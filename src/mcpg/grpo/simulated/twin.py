@@ -30,7 +30,8 @@ from ..slate_measures import slate_measures
 from .loop import train_pool
 from .pool import Competence, SimConfig
 
-__all__ = ["MATCHED", "untrained_measures", "training_measures", "competence_expectations", "fit_competence", "fit_scalar",
+__all__ = ["MATCHED", "untrained_measures", "training_measures", "competence_expectations",
+           "fit_competence", "fit_scalar",
            "ABLATIONS", "ablation"]
 
 MATCHED: tuple[str, ...] = ("accuracy_0", "accuracy_1", "accuracy_2", "rightness_corr", "question_corr",
@@ -45,7 +46,8 @@ def _pooled(run, update_index: int, alignment: bool = True) -> dict:
     row = run.slates[update_index]
     cat = {k: np.concatenate(list(row[k])) for k in ("R", "p", "P", "mu_hat", "I")}
     m = run.cfg.completions_per_agent
-    out = slate_measures(cat["R"], cat["p"], cat["P"], cat["mu_hat"], m, selected=cat["I"], alignment=alignment)
+    out = slate_measures(cat["R"], cat["p"], cat["P"], cat["mu_hat"], m, selected=cat["I"],
+                         alignment=alignment)
     out["cut"] = float(np.mean(row["cut"])) if row["cut"] is not None else 0.0
     return out
 
@@ -136,7 +138,8 @@ def competence_expectations(cfg: SimConfig, nodes: int = 40) -> dict:
 
 def fit_competence(targets: dict, cfg: SimConfig) -> SimConfig:
     """``cfg`` with a :class:`~.pool.Competence` (each agent's skill, the spreads of the shared
-    and the agent's own difficulty, the cut logit) and an ``unsolvable`` share fitted so that its untrained pool's
+    and the agent's own difficulty, the cut logit) and an ``unsolvable`` share fitted so that
+    its untrained pool's
     :data:`MATCHED` measures (:func:`competence_expectations`, exact) come as close as they can
     to ``targets``: least squares, each measure's error divided by its target (so that an
     accuracy of 0.04 counts as much as a correlation of 0.26)."""
@@ -168,7 +171,8 @@ def fit_scalar(cfg: SimConfig, field: str, target: float, measure: str, method: 
     lo, hi = bounds
     for _ in range(12):
         mid = (lo + hi) / 2
-        got = training_measures(dataclasses.replace(cfg, **{field: mid}), method, seeds, alignment=False)[measure]
+        trial = dataclasses.replace(cfg, **{field: mid})
+        got = training_measures(trial, method, seeds, alignment=False)[measure]
         if abs(got - target) < tol:
             break
         lo, hi = (mid, hi) if got < target else (lo, mid)
