@@ -26,7 +26,8 @@ def _run(arm, seed, deployed=0.5, agents=(0.4, 0.4, 0.4), cut=0.0, slates=()):
                eval=e, slates=list(slates))
 
 
-def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None, scalings=("group", "none")):
+def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None, scalings=("group", "none"),
+          oracle_seeds=hyp.ORACLE_SEEDS):
     """wta-{scaling} at 0.5 deployed; removal at 0.5 + diff[scaling][seed]; oracle likewise."""
     rng = np.random.default_rng(0)
     runs = []
@@ -37,7 +38,7 @@ def _grid(diff=None, seeds=range(10), cut=None, dropped=None, oracle=None, scali
             agents = (0.05, 0.4, 0.4) if (dropped or {}).get((sc, s)) else (0.4, 0.4, 0.4)
             runs.append(_run(f"removal-{sc}", s, runs[-1].eval["accuracy"] + d, agents,
                              cut=(cut or {}).get((sc, s), 0.0)))
-            if s in hyp.ORACLE_SEEDS and oracle is not None:
+            if s in oracle_seeds and oracle is not None:
                 runs.append(_run(f"oracle-{sc}", s, runs[-2].eval["accuracy"] + oracle(sc, s)))
     return runs
 
@@ -146,8 +147,10 @@ def test_h5_waits_for_its_runs():
     assert all(r["reading"] == "not read" for r in rows)
     assert "wta-batch seed 9" in rows[0]["why"]
     assert "removal-group replay seed 0" in rows[-1]["why"]  # the check needs the replays too
-    # and the table of every hypothesis carries its rows
-    assert {"H5a", "H5b", "H5c", "H5 check"} <= set(hyp.read_hypotheses(runs, []).index)
+    # withdrawn in the third box: the table of every hypothesis reads none of its rows
+    table = hyp.read_hypotheses(runs, [])
+    assert not {"H5a", "H5b", "H5c", "H5 check"} & set(table.index)
+    assert table.loc["H5", "reading"] == "withdrawn"
 
 
 @pytest.mark.parametrize("shift, reading", [(0.2, "supported"), (-0.2, "refuted"), (0.0, "undecided")])
@@ -190,3 +193,45 @@ def test_h5_check_compares_the_hopeless_groups_advantage(spread, reading):
     check = hyp.read_h5(runs, replays)[-1]
     assert check["reading"] == reading and check["standardised"] < 0
     assert (abs(check["batch"]) < abs(check["standardised"])) == (reading == "holds")
+
+
+def test_h3_at_ten_seeds_reads_the_same_rule_on_seeds_0_to_9():
+    noise = np.random.default_rng(3).normal(0, 0.02, 10)
+    three = _grid(oracle=lambda sc, s: -0.3 + noise[s])
+    rows = hyp.read_h3(three, hyp.SEEDS)
+    assert [r["hypothesis"] for r in rows] == ["H3 (10 seeds) standardised", "H3 (10 seeds) centred"]
+    assert all(r["reading"] == "not read" for r in rows) and "oracle-group seed 3" in rows[0]["why"]
+    ten = _grid(oracle=lambda sc, s: -0.3 + noise[s], oracle_seeds=range(10))
+    assert [r["reading"] for r in hyp.read_h3(ten, hyp.SEEDS)] == ["the contribution loses"] * 2
+    table = hyp.read_hypotheses(ten, [], n_perm=100)
+    assert table.loc["H3 (10 seeds) centred", "reading"] == "the contribution loses"
+    assert table.loc["H3 centred", "reading"] == "the contribution loses"  # seeds 0-2 still read
+
+
+def _predictions(removal, oracle):
+    n = 30
+    arms = []
+    for sc in ("group", "none"):
+        arms += [{"scale_rewards": sc, "signal": "wta", "accuracy": [0.5] * n},
+                 {"scale_rewards": sc, "signal": "removal", "accuracy": [0.5 + removal] * n},
+                 {"scale_rewards": sc, "signal": "oracle", "accuracy": [0.5 + oracle] * n}]
+    return {"arms": arms}
+
+
+def test_the_twin_agrees_where_chapter_8s_interval_holds_its_mean():
+    noise = np.random.default_rng(4).normal(0, 0.02, 10)
+    grid = _grid({sc: (lambda s: -0.1 + noise[s]) for sc in ("group", "none")},
+                 oracle=lambda sc, s: 0.0 + noise[s], oracle_seeds=range(10))
+    rows = {r["hypothesis"]: r for r in hyp.read_twin(grid, _predictions(-0.1, 0.0))}
+    assert rows["twin removal − wta centred"]["reading"] == "agrees"
+    assert rows["twin oracle − wta standardised"]["reading"] == "agrees"
+    assert rows["twin on H3"]["reading"] == "consistent"
+    far = {r["hypothesis"]: r for r in hyp.read_twin(grid, _predictions(+0.2, 0.0))}
+    assert far["twin removal − wta centred"]["reading"] == "contradicts"
+    behind = _grid(oracle=lambda sc, s: -0.3 + noise[s], oracle_seeds=range(10))
+    assert hyp.read_twin(behind, _predictions(0.0, 0.0))[-1]["reading"] == "refuted"
+    # the oracle's seeds 3-9 missing: its rows and the H3 row are not read
+    part = {r["hypothesis"]: r for r in hyp.read_twin(_grid(oracle=lambda sc, s: 0.0), _predictions(0.0, 0.0))}
+    assert part["twin oracle − wta centred"]["reading"] == "not read"
+    assert part["twin removal − wta centred"]["reading"] in ("agrees", "contradicts")
+    assert part["twin on H3"]["reading"] == "not read"

@@ -13,14 +13,19 @@ missing, so that no reading is made on part of the data:
   removal replays (:func:`mcpg.grpo.escape.finish_advantages`), whether the cut share follows
   it (:func:`mcpg.grpo.escape.follows`), and the contrast with the centred removal runs' cut
   failures (:func:`mcpg.grpo.verdict.cut_failures`);
-- :func:`read_h3`, exact credit: the oracle against both signals on seeds 0 to 2, per scaling;
+- :func:`read_h3`, exact credit: the oracle against both signals on seeds 0 to 2, per scaling,
+  and the same rule on seeds 0 to 9 (the third box: ``read_h3(runs, SEEDS)``);
 - :func:`read_h4`, dropouts: the share of removal runs with an agent below 10 % held-out
   accuracy, centred against standardised (:func:`mcpg.grpo.verdict.dropouts`);
 - :func:`read_h5`, the rollout's scale (TRL's ``scale_rewards="batch"``): whether dividing by
   the agent's spread over the whole rollout, instead of each group's own, shrinks removal's
   deficit, its cut failures and its dropouts against standardised removal, with the check that
   it does shrink the finished answers' advantage in hopeless groups;
-- :func:`read_hypotheses`: the five as one table, one row per reading.
+- :func:`read_twin`: the fourth box, chapter 7's twin's predictions against the ten-seed
+  intervals (each difference *agrees* when chapter 8's interval contains the twin's mean), and
+  whether H3 refutes the twin;
+- :func:`read_hypotheses`: all of them as one table, one row per reading; H5, withdrawn in the
+  third box before any of its runs existed, reads ``withdrawn`` (:data:`H5_WITHDRAWN`).
 
 Every reading is a dict with ``hypothesis``, ``measurement`` (what was computed, with its
 numbers), ``reading`` (``supported``, ``refuted``, ``undecided``, ``consistent`` where the box
@@ -37,8 +42,8 @@ from .escape import finish_advantages, follows, pooled_fin
 from .rundir import Run
 from .verdict import cut_failures, dropouts, paired_seeds, seed_verdict
 
-__all__ = ["SEEDS", "ORACLE_SEEDS", "REPLAYED", "H1_PREDICTION", "read_h1", "read_h2", "read_h3",
-           "read_h4", "read_h5", "read_hypotheses"]
+__all__ = ["SEEDS", "ORACLE_SEEDS", "REPLAYED", "H1_PREDICTION", "H5_WITHDRAWN", "read_h1", "read_h2",
+           "read_h3", "read_h4", "read_h5", "read_twin", "read_hypotheses"]
 
 SEEDS = tuple(range(10))
 """The seeds of the grid of record (H1, the H2 contrast and H4 are read on all ten)."""
@@ -51,6 +56,9 @@ H1_PREDICTION = 0.07
 """The low end of chapter 7's simulated prediction for centred removal - winner-take-all."""
 UPDATES = 12
 """The replayed updates (H2)."""
+H5_WITHDRAWN = ("withdrawn in the third box (2026-12-07) before any batch run existed: H1 refuted "
+                "standardisation as the reason removal loses")
+"""Why H5 is not read (chapter 8's third box)."""
 
 
 def _bounds(mean, low, high) -> str:
@@ -162,10 +170,12 @@ def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED,
 def read_h3(runs: list[Run], seeds=ORACLE_SEEDS) -> list[dict]:
     """H3 per scaling, on the oracle's ``seeds``: the contribution loses if oracle - wta lies
     below 0; the estimate loses if oracle - removal lies above 0 and oracle - wta does not lie
-    below 0; otherwise undecided."""
+    below 0; otherwise undecided. On seeds other than :data:`ORACLE_SEEDS` the rows are named
+    ``H3 (<n> seeds) <scaling>``."""
     out = []
+    tag = "H3" if tuple(seeds) == ORACLE_SEEDS else f"H3 ({len(tuple(seeds))} seeds)"
     for sc, name in (("group", "standardised"), ("none", "centred")):
-        h = f"H3 {name}"
+        h = f"{tag} {name}"
         measurement = f"oracle against both signals, deployed, seeds {', '.join(map(str, seeds))}"
         missing = _missing(runs, (f"oracle-{sc}", f"wta-{sc}", f"removal-{sc}"), seeds)
         if missing:
@@ -269,13 +279,60 @@ def read_h5(runs: list[Run], replays: list[Run] = (), seeds=SEEDS, replayed=REPL
     return out
 
 
-def read_hypotheses(runs: list[Run], replays: list[Run] = (), n_perm: int = 10_000) -> pd.DataFrame:
-    """H1 to H5 read from ``runs`` (the grid of record, every scaling) and ``replays`` (the
-    standardised replays), one row per reading: measurement, reading and the rule's why first,
-    then each reading's numbers (``pooled``, ``rho``, ``p``, ``mean``, ...; NaN where a reading
-    has none), so that a page reads them here rather than computing a reading twice."""
+def read_twin(runs: list[Run], predictions: dict, seeds=SEEDS) -> list[dict]:
+    """The fourth box: chapter 7's twin against chapter 8's ten seeds.
+
+    ``predictions`` is ``data/results/ch07/twin/predictions.json`` as a dict. For each scaling
+    and each of removal and the oracle, the twin's mean difference against winner-take-all
+    (deployed accuracy over its seeds) *agrees* with chapter 8 when chapter 8's paired interval
+    over ``seeds`` contains it and *contradicts* it otherwise; a last row reads whether H3 at
+    ten seeds refutes the twin (chapter 8's oracle − wta below 0 under either scaling)."""
+    import numpy as np
+
+    arms = {(a["scale_rewards"], a["signal"]): np.asarray(a["accuracy"], float) for a in predictions["arms"]}
+    out, below = [], []
+    for sc, name in (("group", "standardised"), ("none", "centred")):
+        for sig in ("removal", "oracle"):
+            h = f"twin {sig} − wta {name}"
+            twin = float((arms[sc, sig] - arms[sc, "wta"]).mean())
+            measurement = f"the twin's {sig} − wta {twin:+.3f} against chapter 8's seeds {seeds[0]}-{seeds[-1]}"
+            missing = _missing(runs, (f"{sig}-{sc}", f"wta-{sc}"), seeds)
+            if missing:
+                out.append({**_not_read(h, measurement, missing), "twin": twin})
+                continue
+            v = seed_verdict(_on(runs, seeds), a=sig, b="wta", scaling=sc).loc["deployed"]
+            inside = v["low"] <= twin <= v["high"]
+            if sig == "oracle":
+                below.append(v["high"] < 0)
+            out.append({"hypothesis": h, "reading": "agrees" if inside else "contradicts",
+                        "why": "chapter 8's interval contains the twin's mean" if inside
+                        else "chapter 8's interval excludes the twin's mean",
+                        "measurement": f"{measurement}: {_bounds(*v[['mean', 'low', 'high']])}",
+                        "twin": twin, "mean": v["mean"], "low": v["low"], "high": v["high"]})
+    h = "twin on H3"
+    if len(below) < 2:
+        out.append({"hypothesis": h, "reading": "not read", "measurement": "chapter 8's oracle − wta",
+                    "why": "the oracle's ten seeds are not all recorded under both scalings"})
+    else:
+        refuted = any(below)
+        out.append({"hypothesis": h, "reading": "refuted" if refuted else "consistent",
+                    "measurement": "chapter 8's oracle − wta at ten seeds, both scalings",
+                    "why": "it lies below 0 under a scaling" if refuted
+                    else "it lies below 0 under neither scaling (the box names only what refutes)"})
+    return out
+
+
+def read_hypotheses(runs: list[Run], replays: list[Run] = (), n_perm: int = 10_000,
+                    predictions: dict | None = None) -> pd.DataFrame:
+    """H1 to H4 read from ``runs`` (the grid of record, every scaling) and ``replays`` (the
+    standardised replays), H3 also at ten seeds, the twin's predictions where ``predictions``
+    is given, and H5's withdrawal; one row per reading: measurement, reading and the rule's why
+    first, then each reading's numbers (``pooled``, ``rho``, ``p``, ``mean``, ...; NaN where a
+    reading has none), so that a page reads them here rather than computing a reading twice."""
     rows = [read_h1(runs), *read_h2(runs, list(replays), n_perm=n_perm), *read_h3(runs), read_h4(runs),
-            *read_h5(runs, list(replays))]
+            *read_h3(runs, SEEDS), *(read_twin(runs, predictions) if predictions else []),
+            {"hypothesis": "H5", "measurement": "batch scaling, seeds 0 to 9", "reading": "withdrawn",
+             "why": H5_WITHDRAWN}]
     table = pd.DataFrame(rows).set_index("hypothesis")
     first = ["measurement", "reading", "why"]
     return table[first + [c for c in table.columns if c not in first]]
