@@ -42,7 +42,7 @@ def _clean(text: str) -> str:
     text = MATH.sub(" x ", text)
     text = ROLE.sub(_role_text, text)
     text = LINK.sub(r"\1", text)
-    return text.replace("**", "").replace("`", "")
+    return text.replace("**", "")
 
 
 def blocks(markdown: str) -> list[str]:

@@ -238,3 +238,20 @@ def test_seeds_needed_is_the_first_n_whose_half_width_fits():
     assert 95 <= verdict.seeds_needed(0.2, 0.04) <= 102
     with pytest.raises(ValueError):
         verdict.seeds_needed(0.0, 0.04)
+
+
+def test_seeds_for_power_matches_a_simulated_t_test():
+    from scipy import stats as st
+
+    from mcpg.grpo.verdict import seeds_for_power, seeds_needed
+
+    n = seeds_for_power(0.2, 0.1)
+    # the normal approximation ((1.96 + 0.84) sd / effect)^2 = 31.4, plus about two for the t
+    assert 32 <= n <= 36
+    rng = np.random.default_rng(0)
+    for k, lo, hi in ((n, 0.78, 0.84), (n - 8, 0.6, 0.75)):
+        d = rng.normal(0.1, 0.2, size=(20_000, k))
+        hit = st.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05
+        assert lo <= hit.mean() <= hi, (k, hit.mean())
+    # a half-width of the effect's size is far fewer seeds: it detects the effect half the time
+    assert seeds_needed(0.2, 0.1) < n

@@ -6,8 +6,10 @@ the README states only chapter 8's verdict in words, and this test keeps those w
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from mcpg import stats
 from mcpg.grpo import verdict
 from mcpg.grpo.hypotheses import read_h1
 from mcpg.grpo.runs import read_comparison
@@ -191,3 +193,39 @@ def test_readme_says_no_gpu_result_is_measured():
     """The README claims no GPU number, and none is recorded."""
     assert "No GPU result is measured" in _readme()
     assert not (ROOT / "data" / "results" / "paper").exists()
+
+
+def test_readme_states_the_twin_and_its_ablations():
+    """The twin's sentences: removal behind under both scalings and the oracle level (30 seeds),
+    no ablation puts centred removal ahead, and the rightness ablation moves it furthest."""
+    import json
+
+    readme = _readme()
+    assert "puts removal behind winner-take-all under both scalings" in readme
+    assert "No single variable moved back to chapter 7's default puts centred removal ahead" in readme
+    twin = ROOT / "data" / "results" / "ch07" / "twin"
+    pred = json.loads((twin / "predictions.json").read_text())
+    abl = json.loads((twin / "ablations.json").read_text())
+
+    def diffs(arms, sc, sig):
+        a = {(x["scale_rewards"], x["signal"]): np.asarray(x["accuracy"]) for x in arms}
+        return a[sc, sig] - a[sc, "wta"]
+
+    assert len(pred["seeds"]) == 30
+    for sc in ("group", "none"):
+        rem, ora = diffs(pred["arms"], sc, "removal"), diffs(pred["arms"], sc, "oracle")
+        assert stats.paired_difference(rem, 0 * rem).high < 0
+        o = stats.paired_difference(ora, 0 * ora)
+        assert o.low < 0 < o.high  # "level with it"
+    level = 1 - 0.05 / len(abl["ablations"])
+    twin_d = diffs(pred["arms"], "none", "removal")
+    moves = {}
+    for a in abl["ablations"]:
+        d = diffs(a["arms"], "none", "removal")
+        assert not stats.paired_difference(d, 0 * d, level).low > 0  # "no single variable ... ahead"
+        moves[a["name"]] = float((d - twin_d).mean())
+    assert max(moves, key=moves.get) == "rightness"  # "moves it furthest"
+    r = next(a for a in abl["ablations"] if a["name"] == "rightness")
+    d = diffs(r["arms"], "none", "removal")
+    iv = stats.paired_difference(d, 0 * d, level)
+    assert iv.low < 0 < iv.high  # "to level"

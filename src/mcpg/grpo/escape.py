@@ -131,7 +131,8 @@ def follows(frames: dict, n_perm: int = 10_000, seed: int = 0, through: int | No
 
 
 def escape_figure(frames: dict, through: int | None = None, axes=None):
-    """H2 drawn, one colour per run (a frame of :func:`finish_advantages`, keyed by its label):
+    """H2 drawn, one colour per run (a frame of :func:`finish_advantages`, keyed by its label;
+    runs of one arm, the label's first word, share a hue and a marker and differ in shade):
     left, the cut share ``c(t)`` by update; right, ``a_fin(t)`` against ``c(t+1) - c(t)`` (H2
     predicts the points of a run falling from left to right). Updates 1 to ``through`` or all.
     Returns the figure."""
@@ -140,15 +141,24 @@ def escape_figure(frames: dict, through: int | None = None, axes=None):
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2), constrained_layout=True)
     left, right = axes
-    colors = plt.get_cmap("tab10")
-    for i, (name, f) in enumerate(frames.items()):
+    # one hue per arm (the label's first word), one shade per run: no two runs share a colour
+    hues = ["Reds", "Blues", "Greens", "Purples", "Oranges", "Greys"]
+    arms = list(dict.fromkeys(str(name).split()[0] for name in frames))
+    count = {a: sum(str(n).split()[0] == a for n in frames) for a in arms}
+    seen = dict.fromkeys(arms, 0)
+    markers = {a: m for a, m in zip(arms, "osD^v<>")}
+    for name, f in frames.items():
+        arm = str(name).split()[0]
+        shade = 0.45 + 0.5 * seen[arm] / max(count[arm] - 1, 1)
+        seen[arm] += 1
+        c = plt.get_cmap(hues[arms.index(arm) % len(hues)])(shade)
         f = f.sort_index() if through is None else f.sort_index().loc[:through]
-        c = colors(i % 10)
-        left.plot(f.index, f["cut"], marker="o", ms=3, lw=1, color=c, label=str(name))
-        right.scatter(f["a_fin"].to_numpy()[:-1], np.diff(f["cut"].to_numpy()), s=14, color=c)
+        left.plot(f.index, f["cut"], marker=markers[arm], ms=3, lw=1, color=c, label=str(name), zorder=3)
+        right.scatter(f["a_fin"].to_numpy()[:-1], np.diff(f["cut"].to_numpy()), s=14, color=c,
+                      marker=markers[arm], zorder=3)
     left.set(xlabel="update t", ylabel="share of completions cut, c(t)", ylim=(0, 1))
-    right.axhline(0, color="k", lw=0.6)
-    right.axvline(0, color="k", lw=0.6)
+    right.axhline(0, color="0.75", lw=0.6, zorder=0)  # under the points, which sit on it centred
+    right.axvline(0, color="0.75", lw=0.6, zorder=0)
     right.set(xlabel="ā_fin(t), hopeless groups", ylabel="c(t+1) − c(t)")
     left.legend(fontsize=7, frameon=False)
     return left.figure

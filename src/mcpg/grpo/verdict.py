@@ -49,7 +49,8 @@ from .rundir import Run
 from .runs import probe_answers
 
 __all__ = ["TABLE1_ROWS", "TABLE1_COLUMNS", "seed_measures", "table1", "format_table1", "paired_seeds",
-           "seed_verdict", "power", "seeds_needed", "health_sensitivity", "cut_failures", "control_gains",
+           "seed_verdict", "power", "seeds_needed", "seeds_for_power", "health_sensitivity", "cut_failures",
+           "control_gains",
            "dropouts", "cut_answer_kinds", "arms_over_seeds", "config_departures", "paired_seed_figure",
            "arm_figure", "cost_figure", "eq19_figure"]
 
@@ -192,6 +193,28 @@ def seeds_needed(sd: float, half_width: float, level: float = 0.95) -> int:
     while stats.t_quantile(level, n - 1) * sd / np.sqrt(n) > half_width:
         n += 1
     return n
+
+
+def seeds_for_power(sd: float, effect: float, power: float = 0.8, level: float = 0.95) -> int:
+    """The fewest paired seeds at which a two-sided paired t-test at ``level`` detects a true
+    mean difference ``effect``, at the per-seed spread ``sd``, with probability ``power``.
+
+    The power of n seeds is ``P(|T| > t_{n-1})`` for T noncentral t with n − 1 degrees of
+    freedom and noncentrality ``effect sqrt(n) / sd``. (:func:`seeds_needed` asks something
+    else: the seeds whose interval's half-width is at most a size, which detects a difference
+    of that size only about half the time.)"""
+    from scipy import stats as st
+
+    if sd <= 0 or effect == 0 or not 0 < power < 1:
+        raise ValueError("sd must be positive, effect non-zero and power in (0, 1); "
+                         f"got {sd}, {effect}, {power}")
+    n = 2
+    while True:
+        crit = st.t.ppf(1 - (1 - level) / 2, n - 1)
+        nc = abs(effect) * np.sqrt(n) / sd
+        if st.nct.sf(crit, n - 1, nc) + st.nct.cdf(-crit, n - 1, nc) >= power:
+            return n
+        n += 1
 
 
 def seed_verdict(runs: list[Run], a: str = "removal", b: str = "wta", scaling: str = "group",
@@ -465,10 +488,14 @@ def cost_figure(runs: list[Run], measure: str = "deployed", colors: dict | None 
     return ax.figure
 
 
-def eq19_figure(sc: pd.DataFrame, title: str, ax=None):
+def eq19_figure(sc: pd.DataFrame, title: str, ax=None, frame: float | None = None):
     """Eq. (19) from one draw (dots: deployed, crosses: not) and its exact expectation over the
     router's draw (circles) against the exact removal contribution, on the rows of
-    :func:`mcpg.grpo.slate_diagnostics.slate_credit`. Corollary 3 puts the circles on the diagonal."""
+    :func:`mcpg.grpo.slate_diagnostics.slate_credit`. Corollary 3 puts the circles on the diagonal.
+
+    ``frame``: the credit axis is cut at ±``frame`` and the credits beyond it are counted in a
+    note (their value is ``(G − mu_hat) / p`` of a deployed candidate the router rarely picks,
+    a heavy tail that would squash every other point); None shows every credit."""
     import matplotlib.pyplot as plt
 
     from ..plotting import METHOD_COLORS
@@ -483,5 +510,12 @@ def eq19_figure(sc: pd.DataFrame, title: str, ax=None):
     lim = [min(sc["oracle"].min(), sc["removal"].min()), max(sc["oracle"].max(), sc["removal"].max())]
     ax.plot(lim, lim, color="grey", lw=1)
     ax.set(xlabel="exact removal contribution (oracle)", ylabel="removal credit", title=title)
-    ax.legend(fontsize=8)
+    if frame is not None:
+        out = sc["removal"].abs() > frame
+        ax.set_ylim(-frame, frame)
+        if out.any():
+            ax.text(0.02, 0.02, f"{int(out.sum())} one-draw credits beyond ±{frame:g} "
+                    f"(from {sc['removal'].min():+.1f} to {sc['removal'].max():+.1f})",
+                    transform=ax.transAxes, fontsize=7, va="bottom")
+    ax.legend(fontsize=8, loc="upper left")
     return ax.figure
