@@ -216,9 +216,9 @@ CASES = {
         _config_case(agents=[{"name": "solver", "role": "r", "temperature": "hot"}]),
         ["'agents'", "'temperature'", "'hot'"]),
     "learning_rate true": (_config_case(learning_rate=True), ["'learning_rate'", "positive number", "True"]),
-    "specialty chemistry": (
-        _config_case(agents=[{"name": "solver", "role": "r", "specialty": "chemistry"}]),
-        ["'specialty'", "'chemistry'", "money"]),
+    "specialty a number": (
+        _config_case(agents=[{"name": "solver", "role": "r", "specialty": 3}]),
+        ["'specialty'", "non-empty label", "3"]),
     "agent name inside lora_": (
         _config_case(agents=[{"name": "a", "role": "r"}]), ["'agents'", "'a'", "lora_", "another name"]),
     "unknown key": (_config_case(lerning_rate=0.1), ["'lerning_rate'", "did you mean 'learning_rate'"]),

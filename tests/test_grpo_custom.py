@@ -119,7 +119,7 @@ def test_reward_functions_are_called_as_trl_calls_them(tmp_path, gsm8k_fixture):
     # a reward of 0.5 is never the full reward: nothing is correct in the evaluation
     assert result["accuracy"] == result["oracle"] == result["base_accuracy"] == 0.0
     assert result["strict_accuracy"] is None and result["flexible_accuracy"] is None  # no gold number
-    assert result["n"] == 4 and result["n_specialty"] == 3  # the prompts' money, time, geometry words
+    assert result["n"] == 4 and result["n_specialty"] == 0  # your data's agents have no specialty
     saved = json.loads((out / "config.json").read_text())
     name = f"{__name__}:test_reward_functions_are_called_as_trl_calls_them.<locals>.half"
     assert saved["reward_funcs"] == [name] and "fingerprint" in saved["eval_dataset"]

@@ -3,8 +3,8 @@
 Every agent i is a LoRA adapter named ``agents[i].name`` on the same frozen base model
 (peft multi-adapter: one ``get_peft_model`` for the first agent, then ``add_adapter`` per
 further agent). Agents differ in their role prompt, their sampling temperature and a
-keyword-assigned specialty, which the role prompt mentions and which defines the
-specialization diagnostic.
+specialty label (on GSM8K a keyword class, which the role prompt mentions and which defines the
+specialization diagnostic).
 
 A rollout asks each agent for m completions of each prompt. All K agents generate in ONE
 batch: peft's mixed-adapter inference routes row r through adapter ``adapter_names[r]``
@@ -67,7 +67,8 @@ REFERENCE_ROLE = "You are a helpful assistant. " + INSTRUCTION
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """One agent: adapter name, role prompt, sampling temperature, specialty keyword class."""
+    """One agent: adapter name, role prompt, sampling temperature, specialty (a label; GSM8K's keyword
+    classes money, time and geometry define the specialization diagnostic)."""
 
     name: str
     role: str
@@ -272,7 +273,8 @@ class AgentPool:
 
     def prompt(self, question: str, agent: AgentSpec | None = None) -> str:
         """The chat-formatted prompt of one agent (``None``: the frozen reference)."""
-        role = ("You are a helpful assistant. " if agent is None else agent.role + " ") + self.instruction
+        role = "You are a helpful assistant." if agent is None else agent.role
+        role = f"{role} {self.instruction}" if self.instruction else role  # none: the role alone
         messages = [{"role": "system", "content": role}, {"role": "user", "content": question}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 

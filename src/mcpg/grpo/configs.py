@@ -47,8 +47,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "ALIASES", "resolve_config", "saved_config",
-           "check_config", "canonical_keys", "field_docs"]
+__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "DATASET_AGENTS", "ALIASES",
+           "resolve_config", "saved_config", "check_config", "canonical_keys", "field_docs",
+           "dataset_defaults"]
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
@@ -60,6 +61,14 @@ DEFAULT_AGENTS = [
      "role": ("You are a careful solver who specialises in problems about"
                " lengths, areas, distances and shapes.")},
 ]
+"""The agents of the book's GSM8K set-up: three specialists by keyword class."""
+
+DATASET_AGENTS = [
+    {"name": f"agent{i}", "role": "You are a helpful assistant.", "temperature": t, "specialty": None}
+    for i, t in enumerate((0.7, 0.9, 1.1), 1)
+]
+"""The agents a run on a dataset of your own gets when its config keeps :data:`DEFAULT_AGENTS`
+(:func:`dataset_defaults`): one neutral role, the book's three temperatures, no specialty."""
 
 @dataclass(frozen=True)
 class GRPOConfig(Mapping):
@@ -91,8 +100,9 @@ class GRPOConfig(Mapping):
     seed: int = 0
     """seeds sampling, routing draws, router init and LoRA init."""
     agents: list[dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENTS))
-    """K agents — name, role prompt, sampling temperature, specialty (TRL's one temperature is
-    per agent here)."""
+    """K agents — name, role prompt, sampling temperature, specialty (any label; GSM8K's money,
+    time and geometry define the specialization diagnostic) (TRL's one temperature is per agent
+    here). With a dataset of your own, the default is DATASET_AGENTS (:func:`dataset_defaults`)."""
     lora_r: int = 8
     """LoRA rank of every adapter (ModelConfig.lora_r)."""
     lora_alpha: int = 16
@@ -190,7 +200,7 @@ class GRPOConfig(Mapping):
     per_device_eval_batch_size also sets how many prompts an evaluation step takes)."""
     instruction: str | None = None
     """appended to each agent's role; None — mcpg.grpo.agents.INSTRUCTION (GSM8K's answer
-    format: give your own with your own data)."""
+    format) on the engine's task, and none ("") with a dataset of your own (:func:`dataset_defaults`)."""
     stop_at_answer: bool = False
     """end a completion at its first finished answer line (``#### <n>`` and a newline;
     mcpg.grpo.gsm8k.ANSWER_LINE), in training and in evaluation; such a completion is not
@@ -497,9 +507,7 @@ def _check(cfg: GRPOConfig) -> None:
 
 def _check_agent(i: int, a: dict) -> str:
     """One entry of config key ``agents``: its name (an identifier peft can name an adapter
-    by), role (text), temperature (a positive number) and specialty (a keyword class or null)."""
-    from .gsm8k import SPECIALTY_KEYWORDS
-
+    by), role (text), temperature (a positive number) and specialty (a label, or null)."""
     BASE = "__base__"  # mcpg.grpo.multilora.BASE, the frozen model's rows (not imported: it needs torch)
 
     name, where = a["name"], f"config key 'agents': agent {i}"
@@ -516,10 +524,22 @@ def _check_agent(i: int, a: dict) -> str:
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
         raise ValueError(f"{where} ({name!r}): 'temperature' must be a positive number, got {t!r}")
     spec = a.get("specialty")
-    if spec is not None and spec not in SPECIALTY_KEYWORDS:
-        raise ValueError(f"{where} ({name!r}): 'specialty' must be one of {sorted(SPECIALTY_KEYWORDS)} or "
-                         f"null, got {spec!r}")
+    if spec is not None and not (isinstance(spec, str) and spec.strip()):
+        raise ValueError(f"{where} ({name!r}): 'specialty' must be a non-empty label or null, got {spec!r}")
     return name
+
+
+def dataset_defaults(cfg: GRPOConfig) -> tuple[GRPOConfig, dict]:
+    """The config of a run on a dataset of your own: where it keeps the book's GSM8K set-up
+    (config key ``instruction`` None, ``agents`` :data:`DEFAULT_AGENTS`), neutral defaults
+    instead (no instruction, :data:`DATASET_AGENTS`). Returns the config and what changed (the
+    run records the config so, and says what it used in one line)."""
+    changes = {}
+    if cfg.instruction is None:
+        changes["instruction"] = ""
+    if cfg.agents == DEFAULT_AGENTS:
+        changes["agents"] = copy.deepcopy(DATASET_AGENTS)
+    return (cfg.replace(**changes) if changes else cfg), changes
 
 
 DEFAULTS: dict = GRPOConfig().to_dict()

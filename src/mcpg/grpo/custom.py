@@ -52,9 +52,11 @@ held-out rows of the same kind), and only with ``reward_funcs`` (the default rew
 GSM8K's gold answers). Each row's ``prompt`` is plain text; a conversational prompt (a list
 of messages) is refused: each agent's role is its system message, so the prompt is the user's
 message alone. Config keys ``train_problems`` and ``eval_problems`` draw subsets as they do of
-GSM8K (None: every row). The router's features and the specialties read the prompt's words
-and the candidate's text, so any text works; an agent's ``specialty`` keywords are GSM8K's
-(money, time, geometry; None where they do not apply).
+GSM8K (None: every row). The router's features read the prompt's words and the candidate's
+text, so any text works. Where the config keeps the book's GSM8K set-up (``instruction`` None,
+the default ``agents``), a run on your data takes neutral defaults instead, records them and
+says so in one line (:func:`mcpg.grpo.configs.dataset_defaults`); an agent's ``specialty`` is
+any label (the specialization diagnostic reads GSM8K's keyword classes money, time, geometry).
 
 **Recorded**: the functions' qualified names (``module:qualname``) in ``config.json``
 (``reward_funcs``) and ``PROVENANCE.json`` (its ``data``), the datasets' sources and SHA-256

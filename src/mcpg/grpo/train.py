@@ -158,6 +158,7 @@ A resumed data-parallel run needs the same number of processes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -175,7 +176,7 @@ from . import custom, rundir
 from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
-from .configs import GRPOConfig, canonical_keys, check_config, resolve_config, saved_config
+from .configs import GRPOConfig, canonical_keys, check_config, dataset_defaults, resolve_config, saved_config
 from .custom import RewardScorer
 from .gsm8k import (
     GSM8K_DIR_ENV,
@@ -193,6 +194,8 @@ from .rundir import RunWriter
 from .slates import Slates
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy", "CustomTask", "custom_task"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -1196,6 +1199,8 @@ def train(
         cfg = saved_config(saved)
         if config is not None or overrides:
             given = resolve_config(cfg if config is None else config, **overrides)
+            if saved.get("eval_dataset") is not None:  # the run's own data: its defaults too
+                given = dataset_defaults(given)[0]
             _check_resumed_config(given, saved["config"], cfg, updates)
         done = _updates_done(out)
         if updates is not None:
@@ -1214,6 +1219,10 @@ def train(
             cfg = cfg.replace(updates=int(updates))
         cfg = cfg.with_signal(signal)
         task = custom_task(cfg, reward_funcs, train_dataset, eval_dataset)
+        if task.datasets:  # your data: neutral agents and no instruction where the config keeps GSM8K's
+            cfg, changed = dataset_defaults(cfg)
+            if changed:
+                _say_dataset_defaults(changed)
     signal = cfg.signal
     if initial_eval is not None and (resume or not cfg.eval_initial):
         raise ValueError("initial_eval is for a new run that evaluates its untrained pool "
@@ -1301,6 +1310,18 @@ def train(
         writer.json(rundir.EVAL, result)
     dist.barrier()
     return result
+
+
+def _say_dataset_defaults(changed: dict) -> None:
+    """The one line that says which defaults a run on a dataset of your own took."""
+    said = []
+    if "agents" in changed:
+        agents = changed["agents"]
+        said.append(f"agents {', '.join(a['name'] for a in agents)} ({agents[0]['role']!r}, no specialty)")
+    if "instruction" in changed:
+        said.append("no instruction after the role")
+    log.warning("a dataset of your own with the config's defaults: %s; set config keys agents and "
+                "instruction (--agents, --instruction) to choose them", " and ".join(said))
 
 
 def _initial_keys(initial: dict | None) -> dict:
