@@ -184,9 +184,11 @@ def _resume_with_another_key(tmp, rec, mp):
 ROWS = [{"prompt": "What is 2 + 3?", "answer": "5"}, {"prompt": "What is 7 - 4?", "answer": "3"}]
 
 
-def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str | None = None):
+def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str | None = None,
+            before_model: bool = True):
     """A run with a reward function of one's own (``reward``: its body's return expression, in a
-    module put on sys.path) and a JSON Lines dataset of ``rows``."""
+    module put on sys.path) and a JSON Lines dataset of ``rows``; ``before_model``: refused before
+    the model loads (what a reward returns is checked at its first call, on real completions)."""
     def case(tmp, rec, mp):
         data = tmp / "rows.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in (ROWS if rows is None else rows)))
@@ -200,7 +202,7 @@ def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str
             argv += ["--reward_funcs", f"{name}:mine"]
         elif spec is not None:
             argv += ["--reward_funcs", spec]
-        return argv, tmp / "out", True
+        return argv, tmp / "out", before_model
     return case
 
 
@@ -244,9 +246,9 @@ CASES = {
     # section 4: your reward and your data
     "dataset without a prompt column": (_custom("[1.0] * len(completions)", rows=[{"question": "q"}]),
                                         ["train_dataset", "rows.jsonl, line 1", "no 'prompt'"]),
-    "reward of the wrong length": (_custom("[1.0] * (len(completions) + 1)"),
-                                   ["reward function", ":mine returned 2 rewards for 1 completions"]),
-    "reward not a number": (_custom("['right'] * len(completions)"),
+    "reward of the wrong length": (_custom("[1.0] * (len(completions) + 1)", before_model=False),
+                                   ["reward function", ":mine returned 9 rewards for 8 completions"]),
+    "reward not a number": (_custom("['right'] * len(completions)", before_model=False),
                             [":mine returned 'right' for completion 0", "finite number"]),
     "reward function that does not import": (_custom(spec="no_such_module_60:reward"),
                                              ["'no_such_module_60:reward'", "does not import"]),

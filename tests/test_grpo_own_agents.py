@@ -64,3 +64,57 @@ def test_a_specialty_is_any_label():
     assert cfg.agents[0]["specialty"] == "poetry"
     with pytest.raises(ValueError, match="'specialty' must be a non-empty label"):
         resolve_config("tiny-random", agents=[{"name": "poet", "role": "r", "specialty": 3}])
+
+
+def test_rewards_that_read_the_schedule_or_the_last_token_train(tmp_path):
+    """Before: the check before training called each reward with an empty completion, empty
+    completion_ids and max_steps 0: TRL's reward schedule died of ZeroDivisionError, a reward
+    reading completion_ids[i][-1] of IndexError."""
+    seen = []
+
+    def schedule(completions, trainer_state, **kwargs):  # a weight that grows over the run
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        return [0.5 * trainer_state.global_step / trainer_state.max_steps for _ in completions]
+
+    def ends_even(completions, completion_ids, **kwargs):
+        return [float(ids[-1] % 2 == 0) for ids in completion_ids]
+
+    train("tiny-random", "wta", tmp_path / "run", reward_funcs=[schedule, ends_even],
+          reward_weights=[1.0, 0.5], train_dataset=words(), eval_dataset=words(), **{**FAST, "updates": 2})
+    assert seen == [(0, 2), (1, 2), (2, 2)]  # two updates, then the final evaluation
+
+
+def test_a_reward_that_cannot_take_its_keywords_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from mcpg.grpo import models
+
+    monkeypatch.setattr(models, "load_base", lambda *a, **k: pytest.fail("the model was loaded"))
+
+    def wants_gold(completions, gold):  # a column the dataset lacks, and no **kwargs
+        return [0.0 for _ in completions]
+
+    with pytest.raises(ValueError, match="wants_gold .* 'gold'.*columns \\['answer'\\].*\\*\\*kwargs"):
+        train("tiny-random", "wta", tmp_path / "run", reward_funcs=wants_gold, train_dataset=words(),
+              eval_dataset=words(), **FAST)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_s_own_error_names_it_and_keeps_its_traceback(tmp_path, monkeypatch, capsys):
+    """Before: a ValueError inside a reward became ``error: could not convert string to float``,
+    with no function name and no traceback."""
+    from mcpg.grpo import __main__ as cli
+
+    (tmp_path / "parse_rewards_74.py").write_text(
+        "def parse(completions, **kwargs):\n    return [float('reward ' + c) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="could not convert") as info:
+        train("tiny-random", "wta", tmp_path / "run", reward_funcs="parse_rewards_74:parse",
+              train_dataset=words(), eval_dataset=words(), **FAST)
+    assert any("reward function parse_rewards_74:parse" in n for n in info.value.__notes__)
+    assert str(info.traceback[-1].path).endswith("parse_rewards_74.py")  # the user's line that failed
+    Dataset.from_dict(ROWS).save_to_disk(str(tmp_path / "rows"))
+    argv = ["train", "--config", "tiny-random", "--signal", "wta", "--output", str(tmp_path / "cli"),
+            "--reward_funcs", "parse_rewards_74:parse", "--train_dataset", str(tmp_path / "rows"),
+            "--eval_dataset", str(tmp_path / "rows"), "--no-progress"]
+    with pytest.raises(ValueError, match="could not convert") as info:  # not one line: the traceback
+        cli.main(argv)
+    assert str(info.traceback[-1].path).endswith("parse_rewards_74.py")

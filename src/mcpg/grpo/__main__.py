@@ -19,11 +19,12 @@ GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU pr
 ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
 
 A mistake in the command (a missing or malformed config file, an --output that is a file or
-holds something else, a --run that is not a finished run directory, a config key out of
-range, data that cannot be read, a model that is not there) ends with one ``error:`` line on
-stderr, naming the key or file and how to fix it, and exit status 2, not a traceback; the
-output directory is left as it was. Ctrl-C ends with one line saying how ``--resume``
-continues the run (exit status 130).
+holds something else, a --run that is not a finished run directory, a config key out of range,
+data that cannot be read, a model that is not there) ends with one ``error:`` line on stderr,
+naming the key or file and how to fix it, and exit status 2, not a traceback; the output
+directory is left as it was. An exception raised in a reward function of your own is not a
+mistake in the command: it ends with its traceback and a note naming the function. Ctrl-C ends
+with one line saying how ``--resume`` continues the run (exit status 130).
 
 Progress bars (tqdm) show while it runs when stderr is a terminal; ``--progress`` shows them
 anywhere, ``--no-progress`` nowhere. At the end it prints a summary of a few lines (the full
@@ -420,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         result = _run(args)
         ok = True
     except (UsageError, ValueError) as err:
+        from .custom import raised_by
+
+        if raised_by(err):  # the user's own code failed: its traceback, with a note naming the function
+            raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a directory without write permission

@@ -19,8 +19,8 @@ Without them the run is the engine's own: its task's problems and
   the agent read it inside its chat template, after its role and the config's ``instruction``);
 - ``completions``: the completions' texts; ``completion_ids``: their token ids (up to and
   including the end-of-sequence token, TRL's ``completion_ids``);
-- ``trainer_state``: an object with ``global_step`` (the updates done) and ``max_steps``
-  (config key ``updates``), what a reward schedule reads of TRL's ``TrainerState``;
+- ``trainer_state``: a ``transformers.TrainerState`` with ``global_step`` (the updates done)
+  and ``max_steps`` (config key ``updates``), what a reward schedule reads of TRL's;
 - every other column of the dataset, one value per completion, under its own name. Without a
   dataset the task's problems are the rows: columns ``answer`` (GSM8K's solution text) and
   ``gold`` (its number).
@@ -31,14 +31,18 @@ number (a boolean counts as 0 or 1) or None, "no reward from this function for t
 completion" (TRL's meaning: the other functions' weighted rewards are its reward). Several
 functions are summed with ``reward_weights`` (config key, TRL's name; each 1 by default).
 
-Refused, each with a one-line ValueError naming the function: a list of the wrong length, a
-value that is neither a number nor None (both checked before the model loads too, by one call on
-the first held-out row with an empty completion: :meth:`RewardScorer.probe`), a completion that
-no function scores (TRL leaves such a completion out of its group; here every candidate's reward
-is the router's feedback and enters the removal credit), and a total reward outside [0, 1]: the
-router's outcome model ``mu_hat = sigmoid(s)`` estimates the deployed candidate's expected
-reward, which needs rewards in [0, 1] (rescale the reward or its weights). An exception a
-function raises is its own, raised as it is.
+Refused before the model loads, with a one-line ValueError naming the function: one that cannot
+take the keywords it will receive (:meth:`RewardScorer.check_signatures`; a function is never
+called on made-up completions: a reward schedule or one reading ``completion_ids[i][-1]`` is
+valid). Refused at its first call, on the first real rollout (the untrained pool's evaluation,
+or the first update), each in one line naming the function: a list of the wrong length, a value
+that is neither a number nor None, a completion that no function scores (TRL leaves such a
+completion out of its group; here every candidate's reward is the router's feedback and enters
+the removal credit), and a total reward outside [0, 1]: the router's outcome model ``mu_hat =
+sigmoid(s)`` estimates the deployed candidate's expected reward, which needs rewards in [0, 1]
+(rescale the reward or its weights). An exception a function raises is its own: raised as it
+is, with its traceback, and a note naming the function (:func:`raised_by`; the command line
+shows the traceback instead of one ``error:`` line).
 
 **Correct**, in the evaluation (``accuracy``, ``agent_accuracy``, ``oracle``, ``regret``, the
 router's AUC, the per-problem ``correct`` lists), means the full reward: a total reward of 1
@@ -68,12 +72,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -81,7 +85,7 @@ import numpy as np
 from .gsm8k import jsonl_objects
 
 __all__ = ["FULL_REWARD_TOL", "RESERVED_COLUMNS", "reward_name", "import_reward", "reward_functions",
-           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer"]
+           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer", "raised_by"]
 
 FULL_REWARD_TOL = 1e-6
 """A total reward within this of 1 is the full reward, and the evaluation counts the answer correct."""
@@ -230,6 +234,14 @@ def _columns(problem: dict) -> dict:
     return {k: v for k, v in problem.items() if k != "question"}
 
 
+_RAISED_BY = "mcpg_reward_function"
+
+
+def raised_by(err: BaseException) -> str | None:
+    """The reward function (``module:qualname``) whose own code raised ``err``, or None."""
+    return getattr(err, _RAISED_BY, None)
+
+
 @dataclass
 class RewardScorer:
     """Reward functions and their weights (``reward_weights``; None: each 1), called as TRL calls them."""
@@ -254,9 +266,17 @@ class RewardScorer:
         for r, p in enumerate(problems):
             for k, v in _columns(p).items():
                 cols.setdefault(k, [None] * n)[r] = v
-        state = SimpleNamespace(global_step=step, max_steps=max_steps)
-        out = f(prompts=[p["question"] for p in problems], completions=list(completions),
-                completion_ids=completion_ids, trainer_state=state, **cols)
+        from transformers import TrainerState
+
+        state = TrainerState(global_step=step, max_steps=max_steps)
+        try:
+            out = f(prompts=[p["question"] for p in problems], completions=list(completions),
+                    completion_ids=completion_ids, trainer_state=state, **cols)
+        except Exception as err:  # the user's own error: raised as it is, naming the function
+            err.add_note(f"raised by reward function {name}, called as TRL's GRPOTrainer calls it "
+                         "(mcpg.grpo.custom)")
+            setattr(err, _RAISED_BY, name)
+            raise
         try:
             values = list(out)
         except TypeError:
@@ -276,12 +296,26 @@ class RewardScorer:
             values[r] = float(v)
         return values
 
-    def probe(self, problems: list[dict]) -> None:
-        """Call each function once on ``problems`` with empty completions, before any model loads, so
-        that one returning other than a number or None per completion is refused before the run
-        starts (what it returns is not used; an exception it raises is raised)."""
+    def check_signatures(self, problems: list[dict]) -> None:
+        """Refuse, before any model loads, a function that cannot take the keywords it will receive
+        (``prompts``, ``completions``, ``completion_ids``, ``trainer_state`` and the columns of
+        ``problems``): a parameter that none of them fills, without ``**kwargs`` to take the rest.
+        Nothing is called: what a function returns is checked at its first call, on real
+        completions and a real ``trainer_state``."""
+        columns = sorted({k for p in problems for k in _columns(p)})
+        keywords = dict.fromkeys([*RESERVED_COLUMNS, *columns])
         for f in self.funcs:
-            self._values(f, problems, [""] * len(problems), [[] for _ in problems], 0, 0)
+            try:
+                sig = inspect.signature(f)
+            except (TypeError, ValueError):  # no signature to read (a builtin): its first call tells
+                continue
+            try:
+                sig.bind(**keywords)
+            except TypeError as err:
+                raise ValueError(f"reward function {reward_name(f)} cannot be called with the keywords a "
+                                 f"reward receives ({err}): they are {list(RESERVED_COLUMNS)} and the data's "
+                                 f"columns {columns}; take what it uses by name and the rest with **kwargs"
+                                 ) from None
 
     def __call__(self, problems: list[dict], completions: list[str], completion_ids: list[list[int]],
                  step: int, max_steps: int) -> np.ndarray:

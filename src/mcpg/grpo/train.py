@@ -157,6 +157,7 @@ A resumed data-parallel run needs the same number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -1233,8 +1234,8 @@ def train(
     problems = load_problems(cfg, task=task)
     data = data_record(cfg, *problems, task=task)
     check_same_problems(recorded, data, out, "resume")
-    if task.rewards is not None:
-        task.rewards.probe(problems[1][:1])  # what they return, checked before the model loads
+    if task.rewards is not None:  # their keywords, checked before the model loads
+        task.rewards.check_signatures([*(problems[0] or []), *problems[1]])
 
     engine = Engine(cfg, signal, data=problems, rewards=task.rewards)
     dist = engine.dist
@@ -1248,68 +1249,93 @@ def train(
             engine.load_checkpoint(ckpt)
         if dist.main:
             writer.truncate(engine.step)
-    if dist.main:
-        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
-        # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
-        start_run(out, resume=resume, data=data,
-                  initial_eval=None if shared is None else str(shared.parent.resolve()))
-    dist.barrier()
-
-    from tqdm.auto import tqdm
-
-    initial = None
-    init_path = out / "initial_eval.json"
-    if cfg.eval_initial:
-        if engine.step == 0 and not init_path.exists() and shared is not None:
-            initial = json.loads(shared.read_text())  # the same evaluation, made by another arm
-            if dist.main:
-                shutil.copyfile(shared, init_path)
-        elif engine.step == 0 and not init_path.exists():
-            initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
-            if dist.main:
-                writer.json(rundir.INITIAL_EVAL, initial)
-        elif init_path.exists():
-            initial = json.loads(init_path.read_text())
+    with _unstarted_run_removed(out, new_run=not resume, engine=engine):
+        if dist.main:
+            writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
+            # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
+            start_run(out, resume=resume, data=data,
+                      initial_eval=None if shared is None else str(shared.parent.resolve()))
         dist.barrier()
 
-    start = engine.step
-    report = MetricsReport(cfg.report_to if dist.main else [], out, engine.pool.names,
-                           purge_step=start + 1 if resume else None)
-    with tqdm(
-        total=cfg.updates,
-        initial=start,
-        desc=f"GRPO {signal}",
-        unit="update",
-        disable=not (show and dist.main),
-    ) as bar:
-        while engine.step < cfg.updates:
-            if stop_after is not None and engine.step - start >= stop_after:
-                report.close()
-                return None
-            row = engine.update(progress=show)
-            if cfg.eval_every and engine.step % cfg.eval_every == 0 and engine.step < cfg.updates:
-                row["eval"] = engine.evaluate(progress=show, base=initial)
-            if dist.main:
-                line = writer.update(row, engine.last_slates)
-                report.write(json.loads(line))  # the row as written
-            if engine.step % cfg.checkpoint_every == 0 or engine.step == cfg.updates:
-                engine.save_checkpoint(out / "checkpoint")
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
-    report.close()
+        from tqdm.auto import tqdm
 
-    result = {
-        **engine.evaluate(progress=show, base=initial),
-        **_initial_keys(initial),
-        "signal": signal,
-        "updates": engine.step,
-    }
-    if dist.main:
-        engine.pool.save_adapters(out / "adapters")
-        engine.router.save(out / "router.safetensors")
-        writer.json(rundir.EVAL, result)
-    dist.barrier()
-    return result
+        initial = None
+        init_path = out / "initial_eval.json"
+        if cfg.eval_initial:
+            if engine.step == 0 and not init_path.exists() and shared is not None:
+                initial = json.loads(shared.read_text())  # the same evaluation, made by another arm
+                if dist.main:
+                    shutil.copyfile(shared, init_path)
+            elif engine.step == 0 and not init_path.exists():
+                # the untrained pool: separates routing from training
+                initial = engine.evaluate(progress=show)
+                if dist.main:
+                    writer.json(rundir.INITIAL_EVAL, initial)
+            elif init_path.exists():
+                initial = json.loads(init_path.read_text())
+            dist.barrier()
+
+        start = engine.step
+        report = MetricsReport(cfg.report_to if dist.main else [], out, engine.pool.names,
+                               purge_step=start + 1 if resume else None)
+        with tqdm(
+            total=cfg.updates,
+            initial=start,
+            desc=f"GRPO {signal}",
+            unit="update",
+            disable=not (show and dist.main),
+        ) as bar:
+            while engine.step < cfg.updates:
+                if stop_after is not None and engine.step - start >= stop_after:
+                    report.close()
+                    return None
+                row = engine.update(progress=show)
+                if cfg.eval_every and engine.step % cfg.eval_every == 0 and engine.step < cfg.updates:
+                    row["eval"] = engine.evaluate(progress=show, base=initial)
+                if dist.main:
+                    line = writer.update(row, engine.last_slates)
+                    report.write(json.loads(line))  # the row as written
+                if engine.step % cfg.checkpoint_every == 0 or engine.step == cfg.updates:
+                    engine.save_checkpoint(out / "checkpoint")
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
+        report.close()
+
+        result = {
+            **engine.evaluate(progress=show, base=initial),
+            **_initial_keys(initial),
+            "signal": signal,
+            "updates": engine.step,
+        }
+        if dist.main:
+            engine.pool.save_adapters(out / "adapters")
+            engine.router.save(out / "router.safetensors")
+            writer.json(rundir.EVAL, result)
+        dist.barrier()
+        return result
+
+
+@contextlib.contextmanager
+def _unstarted_run_removed(out: Path, new_run: bool, engine: Engine):
+    """A new run that fails before its first update (an error in a reward function of your own at
+    its first call, say) leaves its output as it found it, new or empty (:func:`_check_new_output`):
+    the files it wrote are removed, so that the same command runs again once the cause is fixed.
+    A run with an update done keeps its folder (resume continues it), and so does one stopped by
+    Ctrl-C."""
+    existed = out.exists()
+    try:
+        yield
+    except Exception:
+        if new_run and engine.step == 0 and engine.dist.main and not (out / rundir.METRICS).exists():
+            for name in RUN_FILES:
+                path = out / name
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        raise
 
 
 def _say_dataset_defaults(changed: dict) -> None:
@@ -1368,7 +1394,7 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None, reward_fu
     data = data_record(cfg, None, problems[1], task=task)
     check_same_problems(_recorded_data(run), data, run, "evaluate")
     if task.rewards is not None:
-        task.rewards.probe(problems[1][:1])
+        task.rewards.check_signatures(problems[1])
     engine = Engine(cfg, saved["signal"], load_train=False, data=problems, rewards=task.rewards)
     engine.pool.load_adapters(run / rundir.ADAPTERS)
     engine.router.load(run / rundir.ROUTER)
