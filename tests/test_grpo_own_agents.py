@@ -118,3 +118,26 @@ def test_a_reward_s_own_error_names_it_and_keeps_its_traceback(tmp_path, monkeyp
     with pytest.raises(ValueError, match="could not convert") as info:  # not one line: the traceback
         cli.main(argv)
     assert str(info.traceback[-1].path).endswith("parse_rewards_74.py")
+
+
+@pytest.mark.parametrize("trl_key, ours, words", [
+    ("num_generations", "completions_per_agent", "per prompt"),
+    ("temperature", "agents", "per agent"),
+    ("per_device_train_batch_size", "prompts_per_update", "completions"),
+    ("max_steps", "updates", "num_iterations"),
+])
+def test_trl_s_names_get_our_equivalent_and_the_difference(trl_key, ours, words, capsys):
+    """Before: num_generations got "did you mean num_iterations?" (which changes the optimiser
+    steps per rollout), temperature router_features, per_device_train_batch_size
+    generation_batch_size."""
+    from mcpg.grpo import __main__ as cli
+
+    with pytest.raises(ValueError) as info:
+        resolve_config("tiny-random", **{trl_key: 4})
+    said = str(info.value)
+    assert f"TRL's {trl_key!r}" in said and f"'{ours}'" in said and words in said
+    assert "did you mean" not in said
+    argv = ["train", "--config", "tiny-random", "--signal", "wta", "--output", "unused", f"--{trl_key}", "4"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and f"--{trl_key}" in err and ours in err

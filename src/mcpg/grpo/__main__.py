@@ -414,8 +414,29 @@ def _run(args) -> dict:
                  progress=progress, **mine, **key_overrides(args), **overrides)
 
 
+def _parse(argv: list[str] | None):
+    """The parsed command line; an option that is TRL's name for a key here (``--num_generations``)
+    is a :class:`UsageError` naming the key to use and how it differs (any other unknown option:
+    argparse's own error)."""
+    from .configs import trl_equivalent
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    for option in extra:
+        said = trl_equivalent(option.lstrip("-").split("=")[0]) if option.startswith("--") else None
+        if said:
+            raise UsageError(f"{option.split('=')[0]}: {said}")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
     ok = False
     try:
         result = _run(args)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 __all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "DATASET_AGENTS", "ALIASES",
            "resolve_config", "saved_config", "check_config", "canonical_keys", "field_docs",
-           "dataset_defaults"]
+           "dataset_defaults", "TRL_KEYS", "trl_equivalent"]
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
@@ -298,6 +298,52 @@ FutureWarning naming the new key; a recorded run's ``config.json`` reads silentl
 (:func:`saved_config`). Giving both names is a ValueError."""
 
 
+TRL_KEYS: dict[str, tuple[str, str]] = {
+    "num_generations": ("completions_per_agent", "TRL's counts completions per prompt; here each of the K "
+                        "agents writes completions_per_agent of each prompt, its own GRPO group, so a prompt "
+                        "gets K times as many"),
+    "temperature": ("agents", "TRL's one sampling temperature is per agent here: each agent's 'temperature'"),
+    "per_device_train_batch_size": ("prompts_per_update", "TRL's counts completions per device and step; "
+                                    "here prompts_per_update counts problems per rollout (each answered by "
+                                    "every agent completions_per_agent times), and train_micro_batch bounds "
+                                    "the rows of one forward and backward pass"),
+    "gradient_accumulation_steps": ("train_micro_batch", "one optimizer step per rollout (per "
+                                    "num_iterations) accumulates over micro-batches of train_micro_batch "
+                                    "rows"),
+    "steps_per_generation": ("num_iterations", "a rollout is never split over several steps; num_iterations "
+                             "optimizer steps reuse the whole rollout"),
+    "max_steps": ("updates", "TRL's counts optimizer steps; an update here is one rollout and num_iterations "
+                  "optimizer steps on it"),
+    "num_train_epochs": ("updates", "no epochs over the data: each update draws prompts_per_update problems"),
+    "output_dir": ("output", "the run folder is train's argument output (--output), not a config key"),
+    "save_steps": ("checkpoint_every", "one checkpoint, replaced every checkpoint_every updates"),
+    "eval_steps": ("eval_every", "in updates, never a fraction of the run"),
+    "eval_strategy": ("eval_every", "0 evaluates only at the end, n every n updates"),
+    "per_device_eval_batch_size": ("eval_batch_size", "rows per generate call in evaluation"),
+    "run_name": ("name", "it names the config, shared by its seeds"),
+    "disable_tqdm": ("progress", "inverted"),
+    "use_cpu": ("device", "device 'cpu'"),
+    "bf16": ("dtype", "dtype 'bfloat16'"),
+    "fp16": ("dtype", "dtype 'float16'"),
+    "model_name_or_path": ("model", "a hub id, a folder, tiny-random or smollm2-135m"),
+    "max_prompt_length": ("model", "prompts are never truncated here"),
+    "top_p": ("agents", "sampling is the full softmax at each agent's temperature"),
+    "top_k": ("agents", "sampling is the full softmax at each agent's temperature"),
+    "lora_dropout": ("lora_r", "dropout is 0: the pool runs in eval mode for its mixed-adapter batches"),
+}
+"""TRL's names (``GRPOConfig``, ``TrainingArguments``, ``ModelConfig``) that are no key here: the
+key that plays their part and how its meaning differs, what an unknown key says instead of a
+close spelling (:func:`_refuse_unknown`; the command line's ``--num_generations`` too)."""
+
+
+def trl_equivalent(key: str) -> str | None:
+    """What to say of TRL's ``key`` where it is no key here (:data:`TRL_KEYS`), or None."""
+    if key not in TRL_KEYS:
+        return None
+    ours, how = TRL_KEYS[key]
+    return f"TRL's {key!r} is no key here: use {ours!r} ({how})"
+
+
 def _warn_alias(old: str) -> None:
     """The FutureWarning of an old key name, attributed to the first caller outside mcpg.grpo."""
     import sys
@@ -383,6 +429,9 @@ def _refuse_unknown(keys) -> None:
     if unknown:
         said = []
         for k in unknown:
+            if trl_equivalent(str(k)):
+                said.append(trl_equivalent(str(k)))
+                continue
             close = difflib.get_close_matches(str(k), _FIELDS + tuple(ALIASES), n=1, cutoff=0.6)
             mean = ALIASES.get(close[0], close[0]) if close else None
             said.append(f"{k!r} (did you mean {mean!r}?)" if close else repr(k))
