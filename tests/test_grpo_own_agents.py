@@ -141,3 +141,31 @@ def test_trl_s_names_get_our_equivalent_and_the_difference(trl_key, ours, words,
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and f"--{trl_key}" in err and ours in err
+
+
+def test_a_reward_edited_under_its_name_does_not_resume(tmp_path, monkeypatch):
+    """Before: only the name was recorded, so a run resumed with an edited reward mixed the old
+    function's initial accuracy with the new one's final (0.0 -> 1.0) in silence."""
+    import sys
+
+    def write(value: float) -> None:
+        (tmp_path / "edited_74.py").write_text(
+            f"def score(completions, **kwargs):\n    return [{value} for _ in completions]\n")
+
+    write(0.0)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    train("tiny-random", "wta", out, reward_funcs="edited_74:score", train_dataset=words(),
+          eval_dataset=words(), **{**FAST, "updates": 2}, stop_after=1)
+    saved = json.loads((out / "config.json").read_text())
+    (recorded,) = saved["reward_sources"]
+    assert set(recorded) == {"source_sha256", "module_sha256"}
+    assert all(len(v) == 64 for v in recorded.values())
+    write(1.0)
+    monkeypatch.delitem(sys.modules, "edited_74")
+    with pytest.raises(ValueError, match="edited_74:score: its source differs from the one the run was "
+                                         "trained with .* new output"):
+        train(None, None, out, resume=True, train_dataset=words(), eval_dataset=words())
+    # a run recorded before the hashes existed resumes as before
+    (out / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "reward_sources"}))
+    assert train(None, None, out, resume=True, train_dataset=words(), eval_dataset=words())["updates"] == 2

@@ -63,9 +63,12 @@ says so in one line (:func:`mcpg.grpo.configs.dataset_defaults`); an agent's ``s
 any label (the specialization diagnostic reads GSM8K's keyword classes money, time, geometry).
 
 **Recorded**: the functions' qualified names (``module:qualname``) in ``config.json``
-(``reward_funcs``) and ``PROVENANCE.json`` (its ``data``), the datasets' sources and SHA-256
-there too. ``--resume`` and ``evaluate`` refuse other functions or other rows; given none,
-they import the recorded functions and read a dataset from its recorded path.
+(``reward_funcs``) and ``PROVENANCE.json`` (its ``data``), and the SHA-256 of each one's source
+and module file (``reward_sources``, :func:`reward_source`); the datasets' sources and SHA-256
+there too. ``--resume`` and ``evaluate`` refuse other functions, a function whose source or
+module file changed (:func:`check_same_sources`; a run recorded before the hashes is not
+checked) or other rows; given none, they import the recorded functions and read a dataset from
+its recorded path.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ import numpy as np
 from .gsm8k import jsonl_objects
 
 __all__ = ["FULL_REWARD_TOL", "RESERVED_COLUMNS", "reward_name", "import_reward", "reward_functions",
-           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer", "raised_by"]
+           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer", "raised_by", "reward_source",
+           "check_same_sources"]
 
 FULL_REWARD_TOL = 1e-6
 """A total reward within this of 1 is the full reward, and the evaluation counts the answer correct."""
@@ -99,6 +103,44 @@ def reward_name(func: Callable) -> str:
     module = getattr(func, "__module__", None) or type(func).__module__
     qual = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{module}:{qual}"
+
+
+def reward_source(func: Callable) -> dict:
+    """What a run records of a reward function besides its name: the SHA-256 of its source
+    (``inspect.getsource``; of its class for a callable object) and of its module's file, each
+    None where it cannot be read (a builtin, a function typed into a REPL)."""
+    target = func if inspect.isfunction(func) or inspect.ismethod(func) else type(func)
+
+    def sha(text: bytes | None) -> str | None:
+        return None if text is None else hashlib.sha256(text).hexdigest()
+
+    try:
+        source = inspect.getsource(target).encode("utf-8")
+    except (OSError, TypeError):
+        source = None
+    try:
+        module = Path(inspect.getsourcefile(target)).read_bytes()
+    except (OSError, TypeError):
+        module = None
+    return {"source_sha256": sha(source), "module_sha256": sha(module)}
+
+
+def check_same_sources(recorded: list[dict] | None, funcs: list[Callable]) -> None:
+    """Refuse reward functions whose source (or module file) differs from what a run recorded
+    (``config.json``'s ``reward_sources``, in the order of ``reward_funcs``): a resumed run or a
+    new evaluation would mix two functions' rewards under one name. A run recorded before the
+    hashes existed (``recorded`` None), or a hash that could not be read either time, is not
+    checked."""
+    if not recorded:
+        return
+    for f, theirs in zip(funcs, recorded):
+        ours = reward_source(f)
+        for key, what in (("source_sha256", "source"), ("module_sha256", "module file")):
+            if None not in (ours[key], theirs.get(key)) and ours[key] != theirs[key]:
+                raise ValueError(f"reward function {reward_name(f)}: its {what} differs from the one the run "
+                                 f"was trained with (SHA-256 {ours[key][:12]}... now, {theirs[key][:12]}... "
+                                 "recorded), which would mix two rewards under one name: restore it, or "
+                                 "start a new run in a new output")
 
 
 def import_reward(spec: str) -> Callable:
@@ -257,6 +299,11 @@ class RewardScorer:
     @property
     def names(self) -> list[str]:
         return [reward_name(f) for f in self.funcs]
+
+    @property
+    def sources(self) -> list[dict]:
+        """Each function's :func:`reward_source` (what ``config.json`` records as ``reward_sources``)."""
+        return [reward_source(f) for f in self.funcs]
 
     def _values(self, f: Callable, problems: list[dict], completions: list[str],
                 completion_ids: list[list[int]], step: int, max_steps: int) -> list[float | None]:

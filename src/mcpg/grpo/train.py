@@ -220,6 +220,7 @@ class CustomTask:
         out = {}
         if self.rewards is not None:
             out["reward_funcs"] = self.rewards.names
+            out["reward_sources"] = self.rewards.sources
         if self.train_source is not None:
             out["train_dataset"] = self.train_source
         if self.eval_source is not None:
@@ -265,6 +266,8 @@ def custom_task(cfg: GRPOConfig, reward_funcs=None, train_dataset=None, eval_dat
                              "run's own, or start a new run in a new output")
         if funcs is None and recorded:
             funcs = _recorded_rewards(recorded)
+        if funcs is not None:
+            custom.check_same_sources(saved.get("reward_sources"), funcs)
         if load_train:
             train_dataset = _recorded_dataset(saved, "train_dataset", train_dataset)
         eval_dataset = _recorded_dataset(saved, "eval_dataset", eval_dataset)
@@ -351,6 +354,7 @@ def data_record(cfg, train_set: list[dict] | None, eval_set: list[dict],
     rec.update(eval_n=len(eval_set), eval_sha256=digest(eval_set))
     if task is not None and task.rewards is not None:
         rec["reward_funcs"] = task.rewards.names
+        rec["reward_sources"] = task.rewards.sources
     return rec
 
 
@@ -381,7 +385,8 @@ def initial_eval_key(config: dict, data: dict | None, model_source: str | None,
     model file the run loaded, and the SHA-256 of the engine's code
     (:func:`mcpg.grpo.provenance.code_origin`)."""
     cfg = saved_config(config).to_dict()  # a recorded config reads as it was written
-    held_out = {k: (data or {}).get(k) for k in ("task", "source", "eval_n", "eval_sha256", "reward_funcs")}
+    held_out = {k: (data or {}).get(k) for k in ("task", "source", "eval_n", "eval_sha256", "reward_funcs",
+                                                 "reward_sources")}
     return {"config": {k: v for k, v in cfg.items() if k not in TRAINING_ONLY_KEYS}, "held_out": held_out,
             "model_source": model_source, "code_sha256": code_sha256}
 
