@@ -169,3 +169,23 @@ def test_a_reward_edited_under_its_name_does_not_resume(tmp_path, monkeypatch):
     # a run recorded before the hashes existed resumes as before
     (out / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "reward_sources"}))
     assert train(None, None, out, resume=True, train_dataset=words(), eval_dataset=words())["updates"] == 2
+
+
+def test_a_graded_reward_reports_its_mean_beside_accuracy(tmp_path, capsys):
+    """Before: a reward of 0.5 trained, but eval.json reported accuracy 0.000 and no mean reward."""
+    from mcpg.grpo import __main__ as cli
+    from mcpg.grpo import rundir
+
+    def half(completions, **kwargs):
+        return [0.5] * len(completions)
+
+    result = train("tiny-random", "wta", tmp_path / "run", reward_funcs=half, train_dataset=words(),
+                   eval_dataset=words(), updates=1, progress=False)
+    assert result["accuracy"] == 0.0  # correct means the full reward
+    assert result["reward"] == result["base_reward"] == result["initial_reward"] == 0.5
+    assert result["agent_reward"] == [0.5] * 3
+    initial = json.loads((tmp_path / "run" / "initial_eval.json").read_text())
+    assert set(initial) == set(rundir.EVAL_FILE_KEYS) | set(rundir.REWARD_EVAL_KEYS)
+    lines = cli.summary(result, cli.build_parser().parse_args(["evaluate", "--run", str(tmp_path / "run")]))
+    assert "mean reward 0.500 (untrained pool 0.500)" in lines
+    assert "agents' accuracy 0.000, 0.000, 0.000, mean reward 0.500, 0.500, 0.500" in lines

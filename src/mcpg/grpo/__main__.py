@@ -355,10 +355,18 @@ def summary(result: dict, args) -> str:
                  + (f" (untrained pool {num(initial)})" if initial is not None else "")
                  + f", frozen base model {num(result.get('base_accuracy'))}; oracle (some agent right) "
                  f"{num(result.get('oracle'))}, regret {num(result.get('regret'))}")
+    if result.get("reward") is not None:  # a reward of your own: accuracy counts only the full reward
+        initial = result.get("initial_reward")
+        lines.append(f"mean reward {num(result['reward'])}"
+                     + (f" (untrained pool {num(initial)})" if initial is not None else "")
+                     + f", frozen base model {num(result.get('base_reward'))}; accuracy counts answers "
+                     "earning the full reward 1")
     agents = result.get("agent_accuracy") or []
     shares = result.get("deployed_fraction") or []
     if agents:
         lines.append("agents' accuracy " + ", ".join(num(a) for a in agents)
+                     + (f", mean reward {', '.join(num(a) for a in result['agent_reward'])}"
+                        if result.get("agent_reward") else "")
                      + "; deployed " + ", ".join(f"{s:.0%}" for s in shares))
     lines.append(f"every measure: {Path(folder) / 'eval.json'} (--json prints it)")
     return "\n".join(lines)

@@ -34,8 +34,8 @@ from .objective import ADVANTAGE_EPS
 
 __all__ = ["CONFIG", "PROVENANCE", "INITIAL_EVAL", "METRICS", "SLATES", "EVAL", "CHECKPOINT", "ADAPTERS",
            "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "AGENT_DIAGNOSTICS",
-           "SLATE_KEYS", "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter",
-           "Run", "read_run", "read_comparison", "read_json", "read_jsonl"]
+           "SLATE_KEYS", "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "REWARD_EVAL_KEYS", "metrics_row",
+           "slates_row", "RunWriter", "Run", "read_run", "read_comparison", "read_json", "read_jsonl"]
 
 CONFIG, PROVENANCE, INITIAL_EVAL = "config.json", "PROVENANCE.json", "initial_eval.json"
 METRICS, SLATES, EVAL = "metrics.jsonl", "slates.jsonl", "eval.json"
@@ -88,9 +88,15 @@ EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "r
                   "agent_accuracy", "deployed_fraction", "n", "n_specialty", "correct", "base_correct",
                   "agent_correct", "best_of_k", "uniform_accuracy", "uniform_correct", "router_auc",
                   "router_auc_within", "mu_hat", "strict_accuracy", "flexible_accuracy", "truncated")
-"""Keys of an evaluation (initial_eval.json; a metrics row's ``eval``); eval.json adds
+"""Keys of an evaluation (initial_eval.json; a metrics row's ``eval``), and :data:`REWARD_EVAL_KEYS`
+with reward functions of your own; eval.json adds
 ``signal``, ``updates`` and, with an initial evaluation, ``initial_accuracy``, ``initial_correct``,
-``initial_agent_accuracy`` and ``initial_deployed_fraction``."""
+``initial_agent_accuracy`` and ``initial_deployed_fraction`` (and ``initial_reward``)."""
+
+REWARD_EVAL_KEYS = ("reward", "agent_reward", "base_reward")
+"""Keys of an evaluation with reward functions of your own (:mod:`mcpg.grpo.custom`): the mean
+reward of the deployed answers, of each agent's, of the frozen model's, beside the accuracies,
+which count only the full reward 1."""
 
 
 def _mean(x) -> float | None:

@@ -129,6 +129,10 @@ key                             meaning
 ``initial_correct``             its per-problem list (paired with ``correct``)
 ``initial_agent_accuracy``      its per-agent accuracy
 ``initial_deployed_fraction``   its deployment shares
+``reward``, ``agent_reward``    with reward functions of your own: the mean reward of the deployed
+                                answers, of each agent's (accuracy counts only the full reward 1)
+``base_reward``                 the same of the frozen base model
+``initial_reward``              ``reward`` of the untrained pool (eval.json only)
 ``signal``, ``updates``         the run's signal and number of updates
 =============================== ================================================================
 
@@ -985,8 +989,11 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     ``base``: an earlier evaluation of the same problems; its ``base_accuracy`` and
     ``base_correct`` are reused (the frozen model does not change), so no base rows are generated.
     With reward functions of your own an answer is correct when it earns the full reward, 1
-    (:mod:`mcpg.grpo.custom`); ``strict_accuracy`` and ``flexible_accuracy`` are None on a
-    dataset of your own (they read GSM8K's gold number).
+    (:mod:`mcpg.grpo.custom`), and the means of the reward itself are reported beside:
+    ``reward`` (the deployed answers'), ``agent_reward`` (each agent's) and ``base_reward``
+    (:data:`mcpg.grpo.rundir.REWARD_EVAL_KEYS`; with the default 0/1 reward they would repeat the
+    accuracies); ``strict_accuracy`` and ``flexible_accuracy`` are None on a dataset of your own
+    (they read GSM8K's gold number).
     """
     from tqdm.auto import tqdm
 
@@ -1010,7 +1017,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         )
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     if engine.rewards is not None:  # yours: correct = the full reward (mcpg.grpo.custom)
-        mine = engine._custom_rewards([p for p in problems for _ in range(K + with_base)], roll, correct=True)
+        totals = engine._custom_rewards([p for p in problems for _ in range(K + with_base)], roll)
+        mine = (totals >= 1.0 - custom.FULL_REWARD_TOL).astype(float)
     per_problem = []
     for b, prob in enumerate(problems):
         rows = range(b * (K + with_base), (b + 1) * (K + with_base))
@@ -1018,8 +1026,9 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         trunc = [bool(roll.truncated[r]) for r in rows]
         if engine.rewards is None:
             R = [reward(t, prob["gold"], truncated=c) for t, c in zip(texts, trunc)]
+            total = R
         else:
-            R = [float(mine[r]) for r in rows]
+            R, total = [float(mine[r]) for r in rows], [float(totals[r]) for r in rows]
         gold = prob.get("gold")  # GSM8K's and the arithmetic task's; a dataset of your own has none
         f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
         rt = engine.router.route(f)
@@ -1028,6 +1037,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
             {
                 "R": R[:K],
                 "base": R[K] if with_base else None,
+                "reward": total[:K],
+                "base_reward": total[K] if with_base else None,
                 "deployed": d,
                 "entropy": float(routing.routing_entropy(rt["p"])),
                 "brier": float((rt["mu_hat"][d] - R[d]) ** 2),
@@ -1045,6 +1056,12 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     oracle = float(Rm.max(1).mean())
     spec = [int(x["deployed"] == x["matched"]) for x in allp if x["matched"] is not None]
     mu = np.array([x["mu_hat"] for x in allp], dtype=float)
+    graded = {}
+    if engine.rewards is not None:  # a reward of your own: its means, beside the full reward's accuracy
+        Rw = np.array([x["reward"] for x in allp], dtype=float)
+        graded = {"reward": float(Rw[np.arange(len(allp)), dep].mean()), "agent_reward": Rw.mean(0).tolist(),
+                  "base_reward": (_mean([x["base_reward"] for x in allp]) if with_base
+                                  else base.get("base_reward"))}
     return {
         "accuracy": acc,
         "entropy": _mean([x["entropy"] for x in allp]),
@@ -1069,6 +1086,7 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         "strict_accuracy": _mean_known([x["strict"] for x in allp]),
         "flexible_accuracy": _mean_known([x["flexible"] for x in allp]),
         "truncated": _mean([t for x in allp for t in x["truncated"]]),
+        **graded,
     }
 
 
@@ -1364,6 +1382,7 @@ def _initial_keys(initial: dict | None) -> dict:
         "initial_correct": initial["correct"],
         "initial_agent_accuracy": initial["agent_accuracy"],
         "initial_deployed_fraction": initial["deployed_fraction"],
+        **({"initial_reward": initial["reward"]} if "reward" in initial else {}),
     }
 
 
