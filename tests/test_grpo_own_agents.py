@@ -189,3 +189,44 @@ def test_a_graded_reward_reports_its_mean_beside_accuracy(tmp_path, capsys):
     lines = cli.summary(result, cli.build_parser().parse_args(["evaluate", "--run", str(tmp_path / "run")]))
     assert "mean reward 0.500 (untrained pool 0.500)" in lines
     assert "agents' accuracy 0.000, 0.000, 0.000, mean reward 0.500, 0.500, 0.500" in lines
+
+
+def test_an_adapter_folder_names_its_base_model_role_and_provenance(tmp_path):
+    """Before: adapter_config.json had base_model_name_or_path null, the model card was peft's
+    empty template, and the agent's role lived only in the run's config.json."""
+    from peft import AutoPeftModelForCausalLM, PeftConfig
+
+    from mcpg.grpo.models import load_base
+
+    model, tok, _ = load_base("tiny-random")  # stands in for a model folder of your own
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    mine = [{"name": "poet", "role": "You answer in verse."},
+            {"name": "terse", "role": "You answer in one word."}]
+    out = tmp_path / "run"
+    train("tiny-random", "wta", out, reward_funcs=graded, train_dataset=words(), eval_dataset=words(),
+          agents=mine, instruction="Answer briefly.", model=str(tmp_path / "base"), **FAST)
+    folder = out / "adapters" / "poet"
+    base = PeftConfig.from_pretrained(str(folder)).base_model_name_or_path
+    assert base == str((tmp_path / "base").resolve())
+    card = (folder / "README.md").read_text()
+    commit = json.loads((out / "PROVENANCE.json").read_text())["commit"]
+    for words_ in ("base_model:", "You answer in verse. Answer briefly.", "wta", str(commit),
+                   "AutoPeftModelForCausalLM.from_pretrained", f"{graded.__module__}:graded"):
+        assert words_ in card, words_
+    loaded = AutoPeftModelForCausalLM.from_pretrained(str(folder))  # PEFT alone: the base from the folder
+    assert loaded.active_adapter == "default"
+
+
+def test_an_agent_with_no_trained_tokens_logs_null(tmp_path, gsm8k_fixture):
+    """Before: an agent whose completions were all cut at the token budget, with
+    mask_truncated_completions, logged 0.0 for the means over its trained tokens."""
+    from mcpg.grpo import rundir
+
+    out = tmp_path / "run"
+    train("tiny-random", "wta", out, mask_truncated_completions=True, max_completion_length=2, **FAST)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["truncated"] == 1.0  # every completion cut: no agent has a trained token
+    for key in rundir.TOKEN_MEANS:
+        assert row[key] == [None] * 3, key
+    assert row["agent/grad_norm"] == [0.0] * 3  # a norm of no gradient is 0, not unknown

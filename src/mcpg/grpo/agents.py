@@ -593,12 +593,17 @@ class AgentPool:
         if missing:
             raise ValueError(f"adapter {name!r}: state lacks {len(missing)} tensors, e.g. {missing[0]}")
 
-    def save_adapters(self, folder: str | Path) -> None:
+    def save_adapters(self, folder: str | Path, base_model: str | None = None) -> None:
         """Save every agent in PEFT's own format (``PeftModel.save_pretrained``): agent ``name`` in
         ``<folder>/<name>/`` as ``adapter_config.json`` and ``adapter_model.safetensors``, which
         ``peft.PeftModel.from_pretrained(base_model, folder / name)`` loads as a model of its own.
-        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``)."""
+        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``).
+        ``base_model``: what ``adapter_config.json`` records as ``base_model_name_or_path``
+        (:func:`mcpg.grpo.models.base_model_id`; peft's ``AutoPeftModelForCausalLM`` loads it)."""
         folder = Path(folder)
+        if base_model is not None:
+            for name in self.names:
+                self.model.peft_config[name].base_model_name_or_path = base_model
         with warnings.catch_warnings():
             # as in adapter_state: peft looks for the base model's config.json (absent for a GGUF base)
             warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)

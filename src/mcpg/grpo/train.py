@@ -192,6 +192,7 @@ from .gsm8k import (
     question_specialty,
     reward,
 )
+from .models import base_model_id
 from .objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .provenance import add_call, code_origin, start_run
 from .router import CandidateFeatures, Router
@@ -848,10 +849,14 @@ class Engine:
                                for q in (1, 2)])  # per agent: sums of its advantages and their squares
         moments = self.dist.sum_(moments.to(self.dist.device)).cpu() / norm["seqs"].clamp(min=1.0)
         entropy = self.dist.sum_(entropy.to(self.dist.device)).cpu() / norm["tokens"].clamp(min=1.0)
-        return {"agent/grad_norm": np.mean(grad_norms, axis=0).tolist(), "agent/entropy": entropy.tolist(),
-                "agent/advantage_std": (moments[1] - moments[0] ** 2).clamp(min=0.0).sqrt().tolist(),
-                "agent/clip_low": per_token[:, 0].tolist(), "agent/clip_high": per_token[:, 1].tolist(),
-                "agent/approx_kl": per_token[:, 2].tolist(), "agent/kl": per_token[:, 3].tolist()}
+        out = {"agent/grad_norm": np.mean(grad_norms, axis=0).tolist(), "agent/entropy": entropy.tolist(),
+               "agent/advantage_std": (moments[1] - moments[0] ** 2).clamp(min=0.0).sqrt().tolist(),
+               "agent/clip_low": per_token[:, 0].tolist(), "agent/clip_high": per_token[:, 1].tolist(),
+               "agent/approx_kl": per_token[:, 2].tolist(), "agent/kl": per_token[:, 3].tolist()}
+        none = (norm["tokens"] == 0).tolist()  # no trained token: a mean over them is undefined, not 0
+        for key in rundir.TOKEN_MEANS:
+            out[key] = [None if empty else v for v, empty in zip(out[key], none)]
+        return out
 
     def _logprobs(self, roll: Rollout, rows: list[int], with_entropy: bool = False):
         """Per-token log-probabilities of the completions ``rows`` under their agents' adapters
@@ -1331,7 +1336,12 @@ def train(
             "updates": engine.step,
         }
         if dist.main:
-            engine.pool.save_adapters(out / "adapters")
+            base = base_model_id(cfg.model)
+            engine.pool.save_adapters(out / rundir.ADAPTERS, base_model=base)
+            writer.model_cards(cfg.agents, engine.pool.instruction, base, signal=signal, updates=engine.step,
+                               reward=", ".join(task.rewards.names) if task.rewards else
+                               "mcpg.grpo.gsm8k.reward (the answer against the gold one)",
+                               data=data_source(cfg, task))
             engine.router.save(out / "router.safetensors")
             writer.json(rundir.EVAL, result)
         dist.barrier()
