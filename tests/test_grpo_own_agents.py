@@ -230,3 +230,123 @@ def test_an_agent_with_no_trained_tokens_logs_null(tmp_path, gsm8k_fixture):
     for key in rundir.TOKEN_MEANS:
         assert row[key] == [None] * 3, key
     assert row["agent/grad_norm"] == [0.0] * 3  # a norm of no gradient is 0, not unknown
+
+
+def test_an_empty_saved_dataset_is_one_line(tmp_path):
+    """Before: an empty Dataset saved to disk gave datasets' IndexError traceback."""
+    from mcpg.grpo import custom
+
+    Dataset.from_dict({"prompt": []}).save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="train_dataset .*empty.* holds no rows"):
+        custom.load_rows(tmp_path / "empty", "train_dataset")
+
+
+def test_suggested_commands_are_shell_quoted(tmp_path):
+    """Before: a suggested command held the folder as it is, so a path with a space failed when
+    pasted."""
+    import shlex
+
+    from mcpg.grpo import __main__ as cli
+    from mcpg.grpo.train import evaluate_run
+
+    out = tmp_path / "my runs" / "a b"
+    train("tiny-random", "wta", out, train_dataset=words(), eval_dataset=words(), reward_funcs=graded,
+          **{**FAST, "updates": 2}, stop_after=1)
+    args = cli.build_parser().parse_args(["train", "--output", str(out), "--resume"])
+    line = cli.interrupted(args)
+    command = line.split("continue the run with ", 1)[1]
+    assert shlex.split(command)[shlex.split(command).index("--output") + 1] == str(out)
+    with pytest.raises(ValueError) as info:
+        evaluate_run(out)
+    command = str(info.value).split("finish it with ", 1)[1].split(", then", 1)[0]
+    assert shlex.split(command)[shlex.split(command).index("--output") + 1] == str(out)
+
+
+def test_an_unwritable_output_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Before: write permission was found missing only when the run first wrote, after the model
+    loaded."""
+    import os
+
+    from mcpg.grpo import models
+
+    monkeypatch.setattr(models, "load_base", lambda *a, **k: pytest.fail("the model was loaded"))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if str(p) == str(locked) else real(p, mode))
+    with pytest.raises(ValueError, match="cannot write .*locked"):
+        train("tiny-random", "wta", locked / "run", train_dataset=words(), eval_dataset=words(),
+              reward_funcs=graded, **FAST)
+
+
+def test_a_folder_whose_run_stopped_before_update_1_says_how_to_start_over(tmp_path):
+    """Before: a folder whose run failed before update 1 could be neither rerun nor resumed (with
+    the fix that failed it), and no message said how to start over."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # what a run killed before its first update leaves
+    (out / "PROVENANCE.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"stopped before its first update.*rm -r {out}"):
+        train("tiny-random", "wta", out, train_dataset=words(), eval_dataset=words(), reward_funcs=graded,
+              **FAST)
+
+
+def test_a_one_letter_agent_name_trains_and_loads_with_peft(tmp_path):
+    """Before: an agent named ``a`` was refused as "part of 'lora_'" (peft warns by substring);
+    its adapter saves and loads unchanged."""
+    import torch
+    from peft import PeftModel, get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from mcpg.grpo.models import load_base
+
+    agents = [{"name": "a", "role": "You answer."}, {"name": "r", "role": "You reply."}]
+    out = tmp_path / "run"
+    train("tiny-random", "wta", out, train_dataset=words(), eval_dataset=words(), reward_funcs=graded,
+          agents=agents, **FAST)
+    saved = load_file(str(out / "adapters" / "a" / "adapter_model.safetensors"))
+    model = PeftModel.from_pretrained(load_base("tiny-random")[0], str(out / "adapters" / "a"),
+                                      adapter_name="a")
+    loaded = get_peft_model_state_dict(model, adapter_name="a")
+    # the same tensors: lora_A starts random, so one reinitialised on loading would differ
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+
+
+def test_an_unreachable_hub_id_fails_at_once(monkeypatch):
+    """Before: a hub id with no network retried for 51 s before its error."""
+    import time
+
+    from mcpg.grpo import models
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="no-such-model.* not in the local cache.* cannot be reached"):
+        models.load_base("no-such-org/no-such-model")
+    assert time.perf_counter() - start < 10
+
+
+def test_lr_scheduler_type_is_trl_s_and_constant_by_default(tmp_path, gsm8k_fixture):
+    """Before: the learning rate was constant where TRL's default decays linearly, with no key
+    to choose; recorded configs, which lack the key, mean constant."""
+    from mcpg.grpo.configs import saved_config
+    from mcpg.grpo.train import Engine
+
+    assert resolve_config("tiny-random").lr_scheduler_type == "constant"
+    assert saved_config({"config": {}, "signal": "wta"}).lr_scheduler_type == "constant"
+    with pytest.raises(ValueError, match="'lr_scheduler_type' must be one of"):
+        resolve_config("tiny-random", lr_scheduler_type="warmup_forever")
+    cfg = resolve_config("tiny-random", lr_scheduler_type="linear", updates=4, num_iterations=2)
+    engine = Engine(cfg, "wta")
+    lrs = []
+    for _ in range(2):
+        engine.update()
+        lrs.append(engine.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([cfg.learning_rate * 6 / 8, cfg.learning_rate * 4 / 8])
+    # resumed, the schedule goes on where it was
+    out = tmp_path / "run"
+    train(cfg, "wta", out, stop_after=1, progress=False, eval_initial=False)
+    again = Engine(cfg, "wta")
+    again.load_checkpoint(out / "checkpoint")
+    assert again.optimizer.param_groups[0]["lr"] == pytest.approx(cfg.learning_rate * 6 / 8)

@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import json
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -382,7 +383,8 @@ def interrupted(args) -> str:
     from .train import _updates_done
 
     return (f"interrupted; {out} keeps its checkpoint at update {_updates_done(out)}: continue the run with "
-            f"python -m mcpg.grpo train --signal {_signal_of(args)} --output {out} --resume")
+            f"python -m mcpg.grpo train --signal {_signal_of(args)} --output {shlex.quote(str(out))} "
+            "--resume")
 
 
 def _signal_of(args) -> str | None:

@@ -76,10 +76,8 @@ class AgentSpec:
     specialty: str | None = None
 
     def __post_init__(self):
-        bad = not self.name or self.name == BASE or not self.name.replace("_", "").isalnum()
-        if bad or self.name in "lora_":
-            raise ValueError(f"agent name must be an identifier other than {BASE!r} and not part of 'lora_' "
-                             f"(peft's parameter prefix), got {self.name!r}")
+        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"agent name must be an identifier other than {BASE!r}, got {self.name!r}")
         if not self.temperature > 0:
             raise ValueError(f"agent {self.name!r}: temperature must be > 0, got {self.temperature}")
 
@@ -245,6 +243,9 @@ class AgentPool:
             # a warning about peft's code, nothing this pool can change
             warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
                                     category=FutureWarning)
+            # peft warns when a name is a substring of its prefix 'lora_' ('a', 'r'): such adapters
+            # save and load unchanged, in this pool and in PeftModel.from_pretrained (tested)
+            warnings.filterwarnings("ignore", message=r"Adapter name .* should not be contained in the")
             torch.manual_seed(seed)
             model = get_peft_model(base_model, cfg, adapter_name=names[0])
             for name in names[1:]:

@@ -563,10 +563,6 @@ def _check_agent(i: int, a: dict) -> str:
     if not isinstance(name, str) or not name.replace("_", "").isalnum() or not name.isascii() or name == BASE:
         raise ValueError(f"{where}'s name must be letters, digits and '_' (an adapter's name), other than "
                          f"{BASE!r}; got {name!r}")
-    if name in "lora_":  # peft warns: it may reinitialise such an adapter's weights when loading it
-        raise ValueError(f"{where}'s name {name!r} is part of 'lora_', peft's parameter prefix, with which "
-                         f"peft may reinitialise the adapter when it is loaded: choose another name "
-                         f"(such as {name + '1'!r})")
     if not isinstance(a["role"], str):
         raise ValueError(f"{where} ({name!r}): 'role' must be text, got {a['role']!r}")
     t = a.get("temperature", 1.0)

@@ -200,6 +200,8 @@ def load_rows(data, what: str) -> tuple[list[dict], str]:
             except (FileNotFoundError, ValueError, OSError) as err:
                 raise ValueError(f"{what} {path} is not a folder saved by Dataset.save_to_disk "
                                  f"({' '.join(str(err).split())[:160]})") from None
+            except IndexError:  # datasets cannot concatenate the no tables of an empty Dataset
+                raise ValueError(f"{what} {path} holds no rows (an empty Dataset was saved there)") from None
             if isinstance(ds, datasets.DatasetDict):
                 raise ValueError(f"{what} {path} holds the splits {sorted(ds)}: give one split's folder")
             return _dataset_rows(ds, what), source

@@ -241,8 +241,16 @@ def _load_base(spec: str, dtype: str | None, device: str, seed: int):
             _forget_gguf_quantization(model)
             source = str(path)
     else:
-        tok = AutoTokenizer.from_pretrained(spec)
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, use_safetensors=True)
+        local = Path(spec).expanduser().is_dir()
+        if not local and not _offline() and not hub_reachable():  # not the hub client's minute of retries
+            loaded = _from_hub(spec, torch_dtype)
+            if loaded is None:
+                raise ValueError(f"model {spec!r} is not in the local cache and the hub cannot be reached "
+                                 "(no network); give a model folder, or run where the hub answers")
+            tok, model = loaded[1], loaded[0]
+        else:
+            tok = AutoTokenizer.from_pretrained(spec)
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, use_safetensors=True)
         source = spec
     if torch_dtype is not None:
         model = model.to(torch_dtype)

@@ -166,6 +166,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -1112,9 +1113,16 @@ def _check_new_output(out: Path) -> None:
     """A new run writes into a new or empty directory: one that holds anything (another run's
     files, or files of its own) is refused, naming what it holds."""
     if not out.exists():
+        parent = next(p for p in out.parents if p.exists())
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"output {out}: cannot write in {parent} (no permission) to make it; give an "
+                             "output where you can write")
         return
     if not out.is_dir():
         raise ValueError(f"output {out} is an existing file; give a directory (new, or a run to resume)")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"output {out}: cannot write in it (no permission); give an output where you can "
+                         "write")
     held = sorted(p.name for p in out.iterdir())
     if not held:
         return
@@ -1122,6 +1130,9 @@ def _check_new_output(out: Path) -> None:
     if any(name in RUN_FILES for name in held):
         how = ("continue it with resume=True (--resume)" if (out / rundir.CONFIG).exists()
                else "remove what is left of it")
+        if _updates_done(out) == 0 and not (out / rundir.METRICS).exists():
+            how = (f"it stopped before its first update: continue it with resume=True (--resume), or start "
+                   f"over by removing it (rm -r {shlex.quote(str(out))})")
         raise ValueError(f"output {out} already holds a run ({shown}): {how}, or write this run to a new "
                          "output directory")
     raise ValueError(f"output {out} is not empty ({shown}): write the run to a new or empty directory")
@@ -1421,7 +1432,7 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None, reward_fu
         done = _updates_done(run)
         raise ValueError(f"run {run} has not finished ({done} of {cfg.updates} updates, no final "
                          f"weights): finish it with python -m mcpg.grpo train --signal {saved['signal']} "
-                         f"--output {run} --resume, then evaluate it")
+                         f"--output {shlex.quote(str(run))} --resume, then evaluate it")
     check_model_spec(cfg.model)
     task = custom_task(cfg, reward_funcs, None, eval_dataset, saved=saved, load_train=False)
     problems = load_problems(cfg, load_train=False, task=task)
