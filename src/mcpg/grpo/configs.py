@@ -140,7 +140,11 @@ class GRPOConfig(Mapping):
     """rows per forward/backward in the update; 0 — all at once (TRL's
     per_device_train_batch_size also sets the rollout's size)."""
     learning_rate: float = 5e-5
-    """AdamW learning rate of the LoRA parameters (TRL's learning_rate; no scheduler)."""
+    """AdamW learning rate of the LoRA parameters (TRL's learning_rate), scheduled by lr_scheduler_type."""
+    lr_scheduler_type: str = "constant"
+    """constant | linear | cosine | cosine_with_restarts | polynomial: transformers' schedule of the
+    learning rate over the run's updates x num_iterations optimizer steps, no warmup (TRL's
+    lr_scheduler_type, whose default is linear; constant here, what every recorded run used)."""
     weight_decay: float = 0.0
     """AdamW weight decay (TRL's weight_decay)."""
     max_grad_norm: float | None = 1.0
@@ -287,6 +291,10 @@ class GRPOConfig(Mapping):
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GRPOConfig))
 
+LR_SCHEDULERS = ("constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
+"""The values of config key ``lr_scheduler_type``: transformers' ``SchedulerType`` names whose
+schedule needs no warmup steps (``transformers.get_scheduler``)."""
+
 ALIASES: dict[str, str] = {
     "max_new_tokens": "max_completion_length",
     "clip_eps": "epsilon",
@@ -329,6 +337,7 @@ TRL_KEYS: dict[str, tuple[str, str]] = {
     "max_prompt_length": ("model", "prompts are never truncated here"),
     "top_p": ("agents", "sampling is the full softmax at each agent's temperature"),
     "top_k": ("agents", "sampling is the full softmax at each agent's temperature"),
+    "warmup_steps": ("lr_scheduler_type", "no warmup: every schedule starts at learning_rate"),
     "lora_dropout": ("lora_r", "dropout is 0: the pool runs in eval mode for its mixed-adapter batches"),
 }
 """TRL's names (``GRPOConfig``, ``TrainingArguments``, ``ModelConfig``) that are no key here: the
@@ -530,6 +539,9 @@ def _check(cfg: GRPOConfig) -> None:
         raise ValueError(f"config key 'dtype' must be float32, bfloat16, float16 or auto, got {cfg.dtype!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"config key 'device' must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.lr_scheduler_type not in LR_SCHEDULERS:
+        raise ValueError(f"config key 'lr_scheduler_type' must be one of {LR_SCHEDULERS} (transformers' "
+                         f"schedules that need no warmup), got {cfg.lr_scheduler_type!r}")
     if cfg.loss_type not in LOSS_TYPES:
         raise ValueError(f"config key 'loss_type' must be one of {LOSS_TYPES}, got {cfg.loss_type!r}")
     agents = cfg.agents

@@ -24,7 +24,8 @@ One update, top to bottom (:func:`train`):
    (or centred: ``scale_rewards``). The draw of I, the credit and the advantages are one call,
    :func:`mcpg.grpo.objective.route_and_credit`, the one the simulated pool makes too.
 6. **Actor update.** The clipped GRPO loss (TRL's token-level convention, ``loss_type``
-   ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW.
+   ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW (its
+   learning rate constant, or scheduled: ``lr_scheduler_type``).
 7. **Router update.** Only now the router learns, from this rollout's selected feedback, by
    inverse-propensity-weighted cross-entropy; it was fixed while the actors updated.
 
@@ -50,7 +51,8 @@ Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`
                          under allocation "leverage" also exact_a: each completion's leverage)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>/, router.safetensors    the final weights (each agent in peft's format)
-    checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
+    checkpoint/          adapters, router, optimizer states (and the learning rate schedule's), router
+                         replay, RNG states, update counter
 
 Logged metrics (``metrics.jsonl``, one row per update; per-agent lists are in the config's
 agent order). Like TRL's "logged metrics", every key is listed here:
@@ -374,10 +376,10 @@ def load_problems(cfg, load_train: bool = True, task: CustomTask | None = None
 TRAINING_ONLY_KEYS = (
     "name", "signal", "updates", "prompts_per_update", "completions_per_agent",
     "max_completion_length", "generation_batch_size", "train_micro_batch", "train_problems",
-    "learning_rate", "weight_decay", "max_grad_norm", "epsilon", "epsilon_high", "loss_type",
-    "num_iterations", "advantage_eps", "scale_rewards", "beta", "router_lr", "router_steps",
-    "router_replay", "mask_truncated_completions", "eval_every", "checkpoint_every", "progress",
-    "threads", "gradient_checkpointing", "report_to")
+    "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "epsilon",
+    "epsilon_high", "loss_type", "num_iterations", "advantage_eps", "scale_rewards", "beta",
+    "router_lr", "router_steps", "router_replay", "mask_truncated_completions", "eval_every",
+    "checkpoint_every", "progress", "threads", "gradient_checkpointing", "report_to")
 """Config keys that only the updates read; two runs that differ only in these (the arms of one
 seed of a grid: their signal and scaling) evaluate the same untrained pool the same way. Every
 other key, the held-out problems, the model file and the code enter :func:`initial_eval_key`;
@@ -587,6 +589,12 @@ class Engine:
             lr=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
         )
+        self.scheduler = None  # constant: the learning rate as it is (every recorded run)
+        if cfg.lr_scheduler_type != "constant":
+            from transformers import get_scheduler
+
+            self.scheduler = get_scheduler(cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=0,
+                                           num_training_steps=cfg.updates * cfg.num_iterations)
         self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg.router_lr)
         self.replay: list[
             dict[str, torch.Tensor]
@@ -918,6 +926,8 @@ class Engine:
                 grads = [p.grad for p in params if p.grad is not None]
                 norms.append(float(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         return norms
 
     # -- evaluation --------------------------------------------------------------------------
@@ -938,6 +948,8 @@ class Engine:
             self.pool.save_adapters(tmp / "adapters")
             self.router.save(tmp / "router.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            if self.scheduler is not None:
+                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
             torch.save(self.replay, tmp / "router_replay.pt")
             write_json(
@@ -968,6 +980,8 @@ class Engine:
         self.pool.load_adapters(folder / "adapters")
         self.router.load(folder / "router.safetensors")
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        if self.scheduler is not None and (folder / "scheduler.pt").exists():
+            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
         self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
         if (folder / "router_replay.pt").exists():
             self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
