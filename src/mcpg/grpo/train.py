@@ -445,7 +445,7 @@ def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) 
                     if str(source).startswith("/") else f"read them from {source}")
             raise ValueError(
                 f"{what}: the {words} problems read from {now['source']} (SHA-256 {now[key][:12]}...) "
-                f"differ from the ones run {run} used ({source}, SHA-256 {recorded[key][:12]}...): {hint}")
+                f"differ from the ones run {run} used (SHA-256 {recorded[key][:12]}...): {hint}")
 
 
 def check_model_spec(spec: str) -> None:
