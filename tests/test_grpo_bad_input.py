@@ -184,9 +184,11 @@ def _resume_with_another_key(tmp, rec, mp):
 ROWS = [{"prompt": "What is 2 + 3?", "answer": "5"}, {"prompt": "What is 7 - 4?", "answer": "3"}]
 
 
-def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str | None = None):
+def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str | None = None,
+            before_model: bool = True):
     """A run with a reward function of one's own (``reward``: its body's return expression, in a
-    module put on sys.path) and a JSON Lines dataset of ``rows``."""
+    module put on sys.path) and a JSON Lines dataset of ``rows``; ``before_model``: refused before
+    the model loads (what a reward returns is checked at its first call, on real completions)."""
     def case(tmp, rec, mp):
         data = tmp / "rows.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in (ROWS if rows is None else rows)))
@@ -200,7 +202,7 @@ def _custom(reward: str | None = None, rows: list[dict] | None = None, spec: str
             argv += ["--reward_funcs", f"{name}:mine"]
         elif spec is not None:
             argv += ["--reward_funcs", spec]
-        return argv, tmp / "out", True
+        return argv, tmp / "out", before_model
     return case
 
 
@@ -216,11 +218,9 @@ CASES = {
         _config_case(agents=[{"name": "solver", "role": "r", "temperature": "hot"}]),
         ["'agents'", "'temperature'", "'hot'"]),
     "learning_rate true": (_config_case(learning_rate=True), ["'learning_rate'", "positive number", "True"]),
-    "specialty chemistry": (
-        _config_case(agents=[{"name": "solver", "role": "r", "specialty": "chemistry"}]),
-        ["'specialty'", "'chemistry'", "money"]),
-    "agent name inside lora_": (
-        _config_case(agents=[{"name": "a", "role": "r"}]), ["'agents'", "'a'", "lora_", "another name"]),
+    "specialty a number": (
+        _config_case(agents=[{"name": "solver", "role": "r", "specialty": 3}]),
+        ["'specialty'", "non-empty label", "3"]),
     "unknown key": (_config_case(lerning_rate=0.1), ["'lerning_rate'", "did you mean 'learning_rate'"]),
     # section 1: a run folder belongs to one run
     "new run over a dead run": (_new_run_over_a_dead_one, ["already holds a run", "--resume", "new output"]),
@@ -244,9 +244,9 @@ CASES = {
     # section 4: your reward and your data
     "dataset without a prompt column": (_custom("[1.0] * len(completions)", rows=[{"question": "q"}]),
                                         ["train_dataset", "rows.jsonl, line 1", "no 'prompt'"]),
-    "reward of the wrong length": (_custom("[1.0] * (len(completions) + 1)"),
-                                   ["reward function", ":mine returned 2 rewards for 1 completions"]),
-    "reward not a number": (_custom("['right'] * len(completions)"),
+    "reward of the wrong length": (_custom("[1.0] * (len(completions) + 1)", before_model=False),
+                                   ["reward function", ":mine returned 9 rewards for 8 completions"]),
+    "reward not a number": (_custom("['right'] * len(completions)", before_model=False),
                             [":mine returned 'right' for completion 0", "finite number"]),
     "reward function that does not import": (_custom(spec="no_such_module_60:reward"),
                                              ["'no_such_module_60:reward'", "does not import"]),
@@ -280,13 +280,13 @@ def test_bad_input_is_one_line_and_leaves_the_folder_as_it_was(name, tmp_path, r
 
 
 def test_what_the_old_checks_refused_wrongly_is_accepted(tmp_path):
-    # an agent named like a word of 'lora_' is refused (peft may reinitialise it); a name
-    # merely containing such letters is fine
+    # an agent named like a part of 'lora_' ('a', peft warns by substring) saves and loads unchanged
+    # (tests/test_grpo_own_agents.py), and so does a name merely containing such letters
     from mcpg.grpo.configs import resolve_config
 
-    agents = [{"name": "a1", "role": "r", "temperature": 1, "specialty": None},
+    agents = [{"name": "a", "role": "r", "temperature": 1, "specialty": None},
               {"name": "lora_agent", "role": "r", "temperature": 0.5, "specialty": "time"}]
-    assert [a["name"] for a in resolve_config("tiny-random", agents=agents)["agents"]] == ["a1", "lora_agent"]
+    assert [a["name"] for a in resolve_config("tiny-random", agents=agents)["agents"]] == ["a", "lora_agent"]
     for ok in ({"max_grad_norm": None}, {"max_grad_norm": 0}, {"learning_rate": 1}, {"epsilon_high": 0.28}):
         assert resolve_config("tiny-random", **ok)  # numbers, null where allowed
 

@@ -19,11 +19,12 @@ GPUs: ``accelerate launch --num_processes N -m mcpg.grpo train ...``; two CPU pr
 ``accelerate launch --multi_gpu --num_processes 2 -m mcpg.grpo train --config tiny-random ...``.
 
 A mistake in the command (a missing or malformed config file, an --output that is a file or
-holds something else, a --run that is not a finished run directory, a config key out of
-range, data that cannot be read, a model that is not there) ends with one ``error:`` line on
-stderr, naming the key or file and how to fix it, and exit status 2, not a traceback; the
-output directory is left as it was. Ctrl-C ends with one line saying how ``--resume``
-continues the run (exit status 130).
+holds something else, a --run that is not a finished run directory, a config key out of range,
+data that cannot be read, a model that is not there) ends with one ``error:`` line on stderr,
+naming the key or file and how to fix it, and exit status 2, not a traceback; the output
+directory is left as it was. An exception raised in a reward function of your own is not a
+mistake in the command: it ends with its traceback and a note naming the function. Ctrl-C ends
+with one line saying how ``--resume`` continues the run (exit status 130).
 
 Progress bars (tqdm) show while it runs when stderr is a terminal; ``--progress`` shows them
 anywhere, ``--no-progress`` nowhere. At the end it prints a summary of a few lines (the full
@@ -37,6 +38,7 @@ import dataclasses
 import functools
 import json
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -354,10 +356,18 @@ def summary(result: dict, args) -> str:
                  + (f" (untrained pool {num(initial)})" if initial is not None else "")
                  + f", frozen base model {num(result.get('base_accuracy'))}; oracle (some agent right) "
                  f"{num(result.get('oracle'))}, regret {num(result.get('regret'))}")
+    if result.get("reward") is not None:  # a reward of your own: accuracy counts only the full reward
+        initial = result.get("initial_reward")
+        lines.append(f"mean reward {num(result['reward'])}"
+                     + (f" (untrained pool {num(initial)})" if initial is not None else "")
+                     + f", frozen base model {num(result.get('base_reward'))}; accuracy counts answers "
+                     "earning the full reward 1")
     agents = result.get("agent_accuracy") or []
     shares = result.get("deployed_fraction") or []
     if agents:
         lines.append("agents' accuracy " + ", ".join(num(a) for a in agents)
+                     + (f", mean reward {', '.join(num(a) for a in result['agent_reward'])}"
+                        if result.get("agent_reward") else "")
                      + "; deployed " + ", ".join(f"{s:.0%}" for s in shares))
     lines.append(f"every measure: {Path(folder) / 'eval.json'} (--json prints it)")
     return "\n".join(lines)
@@ -373,7 +383,8 @@ def interrupted(args) -> str:
     from .train import _updates_done
 
     return (f"interrupted; {out} keeps its checkpoint at update {_updates_done(out)}: continue the run with "
-            f"python -m mcpg.grpo train --signal {_signal_of(args)} --output {out} --resume")
+            f"python -m mcpg.grpo train --signal {_signal_of(args)} --output {shlex.quote(str(out))} "
+            "--resume")
 
 
 def _signal_of(args) -> str | None:
@@ -413,13 +424,38 @@ def _run(args) -> dict:
                  progress=progress, **mine, **key_overrides(args), **overrides)
 
 
+def _parse(argv: list[str] | None):
+    """The parsed command line; an option that is TRL's name for a key here (``--num_generations``)
+    is a :class:`UsageError` naming the key to use and how it differs (any other unknown option:
+    argparse's own error)."""
+    from .configs import trl_equivalent
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    for option in extra:
+        said = trl_equivalent(option.lstrip("-").split("=")[0]) if option.startswith("--") else None
+        if said:
+            raise UsageError(f"{option.split('=')[0]}: {said}")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
     ok = False
     try:
         result = _run(args)
         ok = True
     except (UsageError, ValueError) as err:
+        from .custom import raised_by
+
+        if raised_by(err):  # the user's own code failed: its traceback, with a note naming the function
+            raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a directory without write permission

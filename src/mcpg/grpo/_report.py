@@ -26,16 +26,18 @@ REPORTERS: tuple[str, ...] = ("tensorboard",)
 
 def flatten_scalars(row: dict, agents: list[str], prefix: str = "") -> dict[str, float]:
     """The scalars of one metrics row, keyed ``a/b`` for nested dicts and ``name/<agent>`` for
-    per-agent lists (``len(list) == len(agents)``); other lists, None and text are skipped."""
+    per-agent lists (``len(list) == len(agents)``; an agent's None is skipped); other lists, None
+    and text are skipped."""
     out: dict[str, float] = {}
     for key, value in row.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flatten_scalars(value, agents, prefix=name + "/"))
         elif isinstance(value, (list, tuple)):
-            if len(value) == len(agents) and all(_is_number(v) for v in value):
+            if len(value) == len(agents) and all(v is None or _is_number(v) for v in value):
                 for agent, v in zip(agents, value):
-                    out[f"{name}/{agent}"] = float(v)
+                    if v is not None:
+                        out[f"{name}/{agent}"] = float(v)
         elif _is_number(value) and key != "update":
             out[name] = float(value)
     return out

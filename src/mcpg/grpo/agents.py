@@ -3,8 +3,8 @@
 Every agent i is a LoRA adapter named ``agents[i].name`` on the same frozen base model
 (peft multi-adapter: one ``get_peft_model`` for the first agent, then ``add_adapter`` per
 further agent). Agents differ in their role prompt, their sampling temperature and a
-keyword-assigned specialty, which the role prompt mentions and which defines the
-specialization diagnostic.
+specialty label (on GSM8K a keyword class, which the role prompt mentions and which defines the
+specialization diagnostic).
 
 A rollout asks each agent for m completions of each prompt. All K agents generate in ONE
 batch: peft's mixed-adapter inference routes row r through adapter ``adapter_names[r]``
@@ -67,7 +67,8 @@ REFERENCE_ROLE = "You are a helpful assistant. " + INSTRUCTION
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """One agent: adapter name, role prompt, sampling temperature, specialty keyword class."""
+    """One agent: adapter name, role prompt, sampling temperature, specialty (a label; GSM8K's keyword
+    classes money, time and geometry define the specialization diagnostic)."""
 
     name: str
     role: str
@@ -75,10 +76,8 @@ class AgentSpec:
     specialty: str | None = None
 
     def __post_init__(self):
-        bad = not self.name or self.name == BASE or not self.name.replace("_", "").isalnum()
-        if bad or self.name in "lora_":
-            raise ValueError(f"agent name must be an identifier other than {BASE!r} and not part of 'lora_' "
-                             f"(peft's parameter prefix), got {self.name!r}")
+        if not self.name or self.name == BASE or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"agent name must be an identifier other than {BASE!r}, got {self.name!r}")
         if not self.temperature > 0:
             raise ValueError(f"agent {self.name!r}: temperature must be > 0, got {self.temperature}")
 
@@ -244,6 +243,9 @@ class AgentPool:
             # a warning about peft's code, nothing this pool can change
             warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
                                     category=FutureWarning)
+            # peft warns when a name is a substring of its prefix 'lora_' ('a', 'r'): such adapters
+            # save and load unchanged, in this pool and in PeftModel.from_pretrained (tested)
+            warnings.filterwarnings("ignore", message=r"Adapter name .* should not be contained in the")
             torch.manual_seed(seed)
             model = get_peft_model(base_model, cfg, adapter_name=names[0])
             for name in names[1:]:
@@ -272,7 +274,8 @@ class AgentPool:
 
     def prompt(self, question: str, agent: AgentSpec | None = None) -> str:
         """The chat-formatted prompt of one agent (``None``: the frozen reference)."""
-        role = ("You are a helpful assistant. " if agent is None else agent.role + " ") + self.instruction
+        role = "You are a helpful assistant." if agent is None else agent.role
+        role = f"{role} {self.instruction}" if self.instruction else role  # none: the role alone
         messages = [{"role": "system", "content": role}, {"role": "user", "content": question}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -591,12 +594,17 @@ class AgentPool:
         if missing:
             raise ValueError(f"adapter {name!r}: state lacks {len(missing)} tensors, e.g. {missing[0]}")
 
-    def save_adapters(self, folder: str | Path) -> None:
+    def save_adapters(self, folder: str | Path, base_model: str | None = None) -> None:
         """Save every agent in PEFT's own format (``PeftModel.save_pretrained``): agent ``name`` in
         ``<folder>/<name>/`` as ``adapter_config.json`` and ``adapter_model.safetensors``, which
         ``peft.PeftModel.from_pretrained(base_model, folder / name)`` loads as a model of its own.
-        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``)."""
+        The tensors are :meth:`adapter_state`'s (peft's ``get_peft_model_state_dict``).
+        ``base_model``: what ``adapter_config.json`` records as ``base_model_name_or_path``
+        (:func:`mcpg.grpo.models.base_model_id`; peft's ``AutoPeftModelForCausalLM`` loads it)."""
         folder = Path(folder)
+        if base_model is not None:
+            for name in self.names:
+                self.model.peft_config[name].base_model_name_or_path = base_model
         with warnings.catch_warnings():
             # as in adapter_state: peft looks for the base model's config.json (absent for a GGUF base)
             warnings.filterwarnings("ignore", message=r"Could not find a config file", category=UserWarning)

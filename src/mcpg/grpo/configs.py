@@ -47,8 +47,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "ALIASES", "resolve_config", "saved_config",
-           "check_config", "canonical_keys", "field_docs"]
+__all__ = ["GRPOConfig", "DEFAULTS", "CONFIGS", "DEFAULT_AGENTS", "DATASET_AGENTS", "ALIASES",
+           "resolve_config", "saved_config", "check_config", "canonical_keys", "field_docs",
+           "dataset_defaults", "TRL_KEYS", "trl_equivalent"]
 
 DEFAULT_AGENTS = [
     {"name": "money", "specialty": "money", "temperature": 0.7,
@@ -60,6 +61,14 @@ DEFAULT_AGENTS = [
      "role": ("You are a careful solver who specialises in problems about"
                " lengths, areas, distances and shapes.")},
 ]
+"""The agents of the book's GSM8K set-up: three specialists by keyword class."""
+
+DATASET_AGENTS = [
+    {"name": f"agent{i}", "role": "You are a helpful assistant.", "temperature": t, "specialty": None}
+    for i, t in enumerate((0.7, 0.9, 1.1), 1)
+]
+"""The agents a run on a dataset of your own gets when its config keeps :data:`DEFAULT_AGENTS`
+(:func:`dataset_defaults`): one neutral role, the book's three temperatures, no specialty."""
 
 @dataclass(frozen=True)
 class GRPOConfig(Mapping):
@@ -91,8 +100,9 @@ class GRPOConfig(Mapping):
     seed: int = 0
     """seeds sampling, routing draws, router init and LoRA init."""
     agents: list[dict] = field(default_factory=lambda: copy.deepcopy(DEFAULT_AGENTS))
-    """K agents — name, role prompt, sampling temperature, specialty (TRL's one temperature is
-    per agent here)."""
+    """K agents — name, role prompt, sampling temperature, specialty (any label; GSM8K's money,
+    time and geometry define the specialization diagnostic) (TRL's one temperature is per agent
+    here). With a dataset of your own, the default is DATASET_AGENTS (:func:`dataset_defaults`)."""
     lora_r: int = 8
     """LoRA rank of every adapter (ModelConfig.lora_r)."""
     lora_alpha: int = 16
@@ -130,7 +140,11 @@ class GRPOConfig(Mapping):
     """rows per forward/backward in the update; 0 — all at once (TRL's
     per_device_train_batch_size also sets the rollout's size)."""
     learning_rate: float = 5e-5
-    """AdamW learning rate of the LoRA parameters (TRL's learning_rate; no scheduler)."""
+    """AdamW learning rate of the LoRA parameters (TRL's learning_rate), scheduled by lr_scheduler_type."""
+    lr_scheduler_type: str = "constant"
+    """constant | linear | cosine | cosine_with_restarts | polynomial: transformers' schedule of the
+    learning rate over the run's updates x num_iterations optimizer steps, no warmup (TRL's
+    lr_scheduler_type, whose default is linear; constant here, what every recorded run used)."""
     weight_decay: float = 0.0
     """AdamW weight decay (TRL's weight_decay)."""
     max_grad_norm: float | None = 1.0
@@ -190,7 +204,7 @@ class GRPOConfig(Mapping):
     per_device_eval_batch_size also sets how many prompts an evaluation step takes)."""
     instruction: str | None = None
     """appended to each agent's role; None — mcpg.grpo.agents.INSTRUCTION (GSM8K's answer
-    format: give your own with your own data)."""
+    format) on the engine's task, and none ("") with a dataset of your own (:func:`dataset_defaults`)."""
     stop_at_answer: bool = False
     """end a completion at its first finished answer line (``#### <n>`` and a newline;
     mcpg.grpo.gsm8k.ANSWER_LINE), in training and in evaluation; such a completion is not
@@ -277,6 +291,10 @@ class GRPOConfig(Mapping):
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GRPOConfig))
 
+LR_SCHEDULERS = ("constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
+"""The values of config key ``lr_scheduler_type``: transformers' ``SchedulerType`` names whose
+schedule needs no warmup steps (``transformers.get_scheduler``)."""
+
 ALIASES: dict[str, str] = {
     "max_new_tokens": "max_completion_length",
     "clip_eps": "epsilon",
@@ -286,6 +304,53 @@ ALIASES: dict[str, str] = {
 dict, a JSON file, an override, the command line, ``cfg["old"]``) still works, with a
 FutureWarning naming the new key; a recorded run's ``config.json`` reads silently
 (:func:`saved_config`). Giving both names is a ValueError."""
+
+
+TRL_KEYS: dict[str, tuple[str, str]] = {
+    "num_generations": ("completions_per_agent", "TRL's counts completions per prompt; here each of the K "
+                        "agents writes completions_per_agent of each prompt, its own GRPO group, so a prompt "
+                        "gets K times as many"),
+    "temperature": ("agents", "TRL's one sampling temperature is per agent here: each agent's 'temperature'"),
+    "per_device_train_batch_size": ("prompts_per_update", "TRL's counts completions per device and step; "
+                                    "here prompts_per_update counts problems per rollout (each answered by "
+                                    "every agent completions_per_agent times), and train_micro_batch bounds "
+                                    "the rows of one forward and backward pass"),
+    "gradient_accumulation_steps": ("train_micro_batch", "one optimizer step per rollout (per "
+                                    "num_iterations) accumulates over micro-batches of train_micro_batch "
+                                    "rows"),
+    "steps_per_generation": ("num_iterations", "a rollout is never split over several steps; num_iterations "
+                             "optimizer steps reuse the whole rollout"),
+    "max_steps": ("updates", "TRL's counts optimizer steps; an update here is one rollout and num_iterations "
+                  "optimizer steps on it"),
+    "num_train_epochs": ("updates", "no epochs over the data: each update draws prompts_per_update problems"),
+    "output_dir": ("output", "the run folder is train's argument output (--output), not a config key"),
+    "save_steps": ("checkpoint_every", "one checkpoint, replaced every checkpoint_every updates"),
+    "eval_steps": ("eval_every", "in updates, never a fraction of the run"),
+    "eval_strategy": ("eval_every", "0 evaluates only at the end, n every n updates"),
+    "per_device_eval_batch_size": ("eval_batch_size", "rows per generate call in evaluation"),
+    "run_name": ("name", "it names the config, shared by its seeds"),
+    "disable_tqdm": ("progress", "inverted"),
+    "use_cpu": ("device", "device 'cpu'"),
+    "bf16": ("dtype", "dtype 'bfloat16'"),
+    "fp16": ("dtype", "dtype 'float16'"),
+    "model_name_or_path": ("model", "a hub id, a folder, tiny-random or smollm2-135m"),
+    "max_prompt_length": ("model", "prompts are never truncated here"),
+    "top_p": ("agents", "sampling is the full softmax at each agent's temperature"),
+    "top_k": ("agents", "sampling is the full softmax at each agent's temperature"),
+    "warmup_steps": ("lr_scheduler_type", "no warmup: every schedule starts at learning_rate"),
+    "lora_dropout": ("lora_r", "dropout is 0: the pool runs in eval mode for its mixed-adapter batches"),
+}
+"""TRL's names (``GRPOConfig``, ``TrainingArguments``, ``ModelConfig``) that are no key here: the
+key that plays their part and how its meaning differs, what an unknown key says instead of a
+close spelling (:func:`_refuse_unknown`; the command line's ``--num_generations`` too)."""
+
+
+def trl_equivalent(key: str) -> str | None:
+    """What to say of TRL's ``key`` where it is no key here (:data:`TRL_KEYS`), or None."""
+    if key not in TRL_KEYS:
+        return None
+    ours, how = TRL_KEYS[key]
+    return f"TRL's {key!r} is no key here: use {ours!r} ({how})"
 
 
 def _warn_alias(old: str) -> None:
@@ -373,6 +438,9 @@ def _refuse_unknown(keys) -> None:
     if unknown:
         said = []
         for k in unknown:
+            if trl_equivalent(str(k)):
+                said.append(trl_equivalent(str(k)))
+                continue
             close = difflib.get_close_matches(str(k), _FIELDS + tuple(ALIASES), n=1, cutoff=0.6)
             mean = ALIASES.get(close[0], close[0]) if close else None
             said.append(f"{k!r} (did you mean {mean!r}?)" if close else repr(k))
@@ -471,6 +539,9 @@ def _check(cfg: GRPOConfig) -> None:
         raise ValueError(f"config key 'dtype' must be float32, bfloat16, float16 or auto, got {cfg.dtype!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"config key 'device' must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.lr_scheduler_type not in LR_SCHEDULERS:
+        raise ValueError(f"config key 'lr_scheduler_type' must be one of {LR_SCHEDULERS} (transformers' "
+                         f"schedules that need no warmup), got {cfg.lr_scheduler_type!r}")
     if cfg.loss_type not in LOSS_TYPES:
         raise ValueError(f"config key 'loss_type' must be one of {LOSS_TYPES}, got {cfg.loss_type!r}")
     agents = cfg.agents
@@ -497,29 +568,35 @@ def _check(cfg: GRPOConfig) -> None:
 
 def _check_agent(i: int, a: dict) -> str:
     """One entry of config key ``agents``: its name (an identifier peft can name an adapter
-    by), role (text), temperature (a positive number) and specialty (a keyword class or null)."""
-    from .gsm8k import SPECIALTY_KEYWORDS
-
+    by), role (text), temperature (a positive number) and specialty (a label, or null)."""
     BASE = "__base__"  # mcpg.grpo.multilora.BASE, the frozen model's rows (not imported: it needs torch)
 
     name, where = a["name"], f"config key 'agents': agent {i}"
     if not isinstance(name, str) or not name.replace("_", "").isalnum() or not name.isascii() or name == BASE:
         raise ValueError(f"{where}'s name must be letters, digits and '_' (an adapter's name), other than "
                          f"{BASE!r}; got {name!r}")
-    if name in "lora_":  # peft warns: it may reinitialise such an adapter's weights when loading it
-        raise ValueError(f"{where}'s name {name!r} is part of 'lora_', peft's parameter prefix, with which "
-                         f"peft may reinitialise the adapter when it is loaded: choose another name "
-                         f"(such as {name + '1'!r})")
     if not isinstance(a["role"], str):
         raise ValueError(f"{where} ({name!r}): 'role' must be text, got {a['role']!r}")
     t = a.get("temperature", 1.0)
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
         raise ValueError(f"{where} ({name!r}): 'temperature' must be a positive number, got {t!r}")
     spec = a.get("specialty")
-    if spec is not None and spec not in SPECIALTY_KEYWORDS:
-        raise ValueError(f"{where} ({name!r}): 'specialty' must be one of {sorted(SPECIALTY_KEYWORDS)} or "
-                         f"null, got {spec!r}")
+    if spec is not None and not (isinstance(spec, str) and spec.strip()):
+        raise ValueError(f"{where} ({name!r}): 'specialty' must be a non-empty label or null, got {spec!r}")
     return name
+
+
+def dataset_defaults(cfg: GRPOConfig) -> tuple[GRPOConfig, dict]:
+    """The config of a run on a dataset of your own: where it keeps the book's GSM8K set-up
+    (config key ``instruction`` None, ``agents`` :data:`DEFAULT_AGENTS`), neutral defaults
+    instead (no instruction, :data:`DATASET_AGENTS`). Returns the config and what changed (the
+    run records the config so, and says what it used in one line)."""
+    changes = {}
+    if cfg.instruction is None:
+        changes["instruction"] = ""
+    if cfg.agents == DEFAULT_AGENTS:
+        changes["agents"] = copy.deepcopy(DATASET_AGENTS)
+    return (cfg.replace(**changes) if changes else cfg), changes
 
 
 DEFAULTS: dict = GRPOConfig().to_dict()

@@ -19,8 +19,8 @@ Without them the run is the engine's own: its task's problems and
   the agent read it inside its chat template, after its role and the config's ``instruction``);
 - ``completions``: the completions' texts; ``completion_ids``: their token ids (up to and
   including the end-of-sequence token, TRL's ``completion_ids``);
-- ``trainer_state``: an object with ``global_step`` (the updates done) and ``max_steps``
-  (config key ``updates``), what a reward schedule reads of TRL's ``TrainerState``;
+- ``trainer_state``: a ``transformers.TrainerState`` with ``global_step`` (the updates done)
+  and ``max_steps`` (config key ``updates``), what a reward schedule reads of TRL's;
 - every other column of the dataset, one value per completion, under its own name. Without a
   dataset the task's problems are the rows: columns ``answer`` (GSM8K's solution text) and
   ``gold`` (its number).
@@ -31,14 +31,18 @@ number (a boolean counts as 0 or 1) or None, "no reward from this function for t
 completion" (TRL's meaning: the other functions' weighted rewards are its reward). Several
 functions are summed with ``reward_weights`` (config key, TRL's name; each 1 by default).
 
-Refused, each with a one-line ValueError naming the function: a list of the wrong length, a
-value that is neither a number nor None (both checked before the model loads too, by one call on
-the first held-out row with an empty completion: :meth:`RewardScorer.probe`), a completion that
-no function scores (TRL leaves such a completion out of its group; here every candidate's reward
-is the router's feedback and enters the removal credit), and a total reward outside [0, 1]: the
-router's outcome model ``mu_hat = sigmoid(s)`` estimates the deployed candidate's expected
-reward, which needs rewards in [0, 1] (rescale the reward or its weights). An exception a
-function raises is its own, raised as it is.
+Refused before the model loads, with a one-line ValueError naming the function: one that cannot
+take the keywords it will receive (:meth:`RewardScorer.check_signatures`; a function is never
+called on made-up completions: a reward schedule or one reading ``completion_ids[i][-1]`` is
+valid). Refused at its first call, on the first real rollout (the untrained pool's evaluation,
+or the first update), each in one line naming the function: a list of the wrong length, a value
+that is neither a number nor None, a completion that no function scores (TRL leaves such a
+completion out of its group; here every candidate's reward is the router's feedback and enters
+the removal credit), and a total reward outside [0, 1]: the router's outcome model ``mu_hat =
+sigmoid(s)`` estimates the deployed candidate's expected reward, which needs rewards in [0, 1]
+(rescale the reward or its weights). An exception a function raises is its own: raised as it
+is, with its traceback, and a note naming the function (:func:`raised_by`; the command line
+shows the traceback instead of one ``error:`` line).
 
 **Correct**, in the evaluation (``accuracy``, ``agent_accuracy``, ``oracle``, ``regret``, the
 router's AUC, the per-problem ``correct`` lists), means the full reward: a total reward of 1
@@ -52,26 +56,31 @@ held-out rows of the same kind), and only with ``reward_funcs`` (the default rew
 GSM8K's gold answers). Each row's ``prompt`` is plain text; a conversational prompt (a list
 of messages) is refused: each agent's role is its system message, so the prompt is the user's
 message alone. Config keys ``train_problems`` and ``eval_problems`` draw subsets as they do of
-GSM8K (None: every row). The router's features and the specialties read the prompt's words
-and the candidate's text, so any text works; an agent's ``specialty`` keywords are GSM8K's
-(money, time, geometry; None where they do not apply).
+GSM8K (None: every row). The router's features read the prompt's words and the candidate's
+text, so any text works. Where the config keeps the book's GSM8K set-up (``instruction`` None,
+the default ``agents``), a run on your data takes neutral defaults instead, records them and
+says so in one line (:func:`mcpg.grpo.configs.dataset_defaults`); an agent's ``specialty`` is
+any label (the specialization diagnostic reads GSM8K's keyword classes money, time, geometry).
 
 **Recorded**: the functions' qualified names (``module:qualname``) in ``config.json``
-(``reward_funcs``) and ``PROVENANCE.json`` (its ``data``), the datasets' sources and SHA-256
-there too. ``--resume`` and ``evaluate`` refuse other functions or other rows; given none,
-they import the recorded functions and read a dataset from its recorded path.
+(``reward_funcs``) and ``PROVENANCE.json`` (its ``data``), and the SHA-256 of each one's source
+and module file (``reward_sources``, :func:`reward_source`); the datasets' sources and SHA-256
+there too. ``--resume`` and ``evaluate`` refuse other functions, a function whose source or
+module file changed (:func:`check_same_sources`; a run recorded before the hashes is not
+checked) or other rows; given none, they import the recorded functions and read a dataset from
+its recorded path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -79,7 +88,8 @@ import numpy as np
 from .gsm8k import jsonl_objects
 
 __all__ = ["FULL_REWARD_TOL", "RESERVED_COLUMNS", "reward_name", "import_reward", "reward_functions",
-           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer"]
+           "load_rows", "dataset_problems", "problems_sha256", "RewardScorer", "raised_by", "reward_source",
+           "check_same_sources"]
 
 FULL_REWARD_TOL = 1e-6
 """A total reward within this of 1 is the full reward, and the evaluation counts the answer correct."""
@@ -93,6 +103,44 @@ def reward_name(func: Callable) -> str:
     module = getattr(func, "__module__", None) or type(func).__module__
     qual = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{module}:{qual}"
+
+
+def reward_source(func: Callable) -> dict:
+    """What a run records of a reward function besides its name: the SHA-256 of its source
+    (``inspect.getsource``; of its class for a callable object) and of its module's file, each
+    None where it cannot be read (a builtin, a function typed into a REPL)."""
+    target = func if inspect.isfunction(func) or inspect.ismethod(func) else type(func)
+
+    def sha(text: bytes | None) -> str | None:
+        return None if text is None else hashlib.sha256(text).hexdigest()
+
+    try:
+        source = inspect.getsource(target).encode("utf-8")
+    except (OSError, TypeError):
+        source = None
+    try:
+        module = Path(inspect.getsourcefile(target)).read_bytes()
+    except (OSError, TypeError):
+        module = None
+    return {"source_sha256": sha(source), "module_sha256": sha(module)}
+
+
+def check_same_sources(recorded: list[dict] | None, funcs: list[Callable]) -> None:
+    """Refuse reward functions whose source (or module file) differs from what a run recorded
+    (``config.json``'s ``reward_sources``, in the order of ``reward_funcs``): a resumed run or a
+    new evaluation would mix two functions' rewards under one name. A run recorded before the
+    hashes existed (``recorded`` None), or a hash that could not be read either time, is not
+    checked."""
+    if not recorded:
+        return
+    for f, theirs in zip(funcs, recorded):
+        ours = reward_source(f)
+        for key, what in (("source_sha256", "source"), ("module_sha256", "module file")):
+            if None not in (ours[key], theirs.get(key)) and ours[key] != theirs[key]:
+                raise ValueError(f"reward function {reward_name(f)}: its {what} differs from the one the run "
+                                 f"was trained with (SHA-256 {ours[key][:12]}... now, {theirs[key][:12]}... "
+                                 "recorded), which would mix two rewards under one name: restore it, or "
+                                 "start a new run in a new output")
 
 
 def import_reward(spec: str) -> Callable:
@@ -152,6 +200,8 @@ def load_rows(data, what: str) -> tuple[list[dict], str]:
             except (FileNotFoundError, ValueError, OSError) as err:
                 raise ValueError(f"{what} {path} is not a folder saved by Dataset.save_to_disk "
                                  f"({' '.join(str(err).split())[:160]})") from None
+            except IndexError:  # datasets cannot concatenate the no tables of an empty Dataset
+                raise ValueError(f"{what} {path} holds no rows (an empty Dataset was saved there)") from None
             if isinstance(ds, datasets.DatasetDict):
                 raise ValueError(f"{what} {path} holds the splits {sorted(ds)}: give one split's folder")
             return _dataset_rows(ds, what), source
@@ -228,6 +278,14 @@ def _columns(problem: dict) -> dict:
     return {k: v for k, v in problem.items() if k != "question"}
 
 
+_RAISED_BY = "mcpg_reward_function"
+
+
+def raised_by(err: BaseException) -> str | None:
+    """The reward function (``module:qualname``) whose own code raised ``err``, or None."""
+    return getattr(err, _RAISED_BY, None)
+
+
 @dataclass
 class RewardScorer:
     """Reward functions and their weights (``reward_weights``; None: each 1), called as TRL calls them."""
@@ -244,6 +302,11 @@ class RewardScorer:
     def names(self) -> list[str]:
         return [reward_name(f) for f in self.funcs]
 
+    @property
+    def sources(self) -> list[dict]:
+        """Each function's :func:`reward_source` (what ``config.json`` records as ``reward_sources``)."""
+        return [reward_source(f) for f in self.funcs]
+
     def _values(self, f: Callable, problems: list[dict], completions: list[str],
                 completion_ids: list[list[int]], step: int, max_steps: int) -> list[float | None]:
         """One function's rewards, called as TRL calls it, checked: one number or None per completion."""
@@ -252,9 +315,17 @@ class RewardScorer:
         for r, p in enumerate(problems):
             for k, v in _columns(p).items():
                 cols.setdefault(k, [None] * n)[r] = v
-        state = SimpleNamespace(global_step=step, max_steps=max_steps)
-        out = f(prompts=[p["question"] for p in problems], completions=list(completions),
-                completion_ids=completion_ids, trainer_state=state, **cols)
+        from transformers import TrainerState
+
+        state = TrainerState(global_step=step, max_steps=max_steps)
+        try:
+            out = f(prompts=[p["question"] for p in problems], completions=list(completions),
+                    completion_ids=completion_ids, trainer_state=state, **cols)
+        except Exception as err:  # the user's own error: raised as it is, naming the function
+            err.add_note(f"raised by reward function {name}, called as TRL's GRPOTrainer calls it "
+                         "(mcpg.grpo.custom)")
+            setattr(err, _RAISED_BY, name)
+            raise
         try:
             values = list(out)
         except TypeError:
@@ -274,12 +345,26 @@ class RewardScorer:
             values[r] = float(v)
         return values
 
-    def probe(self, problems: list[dict]) -> None:
-        """Call each function once on ``problems`` with empty completions, before any model loads, so
-        that one returning other than a number or None per completion is refused before the run
-        starts (what it returns is not used; an exception it raises is raised)."""
+    def check_signatures(self, problems: list[dict]) -> None:
+        """Refuse, before any model loads, a function that cannot take the keywords it will receive
+        (``prompts``, ``completions``, ``completion_ids``, ``trainer_state`` and the columns of
+        ``problems``): a parameter that none of them fills, without ``**kwargs`` to take the rest.
+        Nothing is called: what a function returns is checked at its first call, on real
+        completions and a real ``trainer_state``."""
+        columns = sorted({k for p in problems for k in _columns(p)})
+        keywords = dict.fromkeys([*RESERVED_COLUMNS, *columns])
         for f in self.funcs:
-            self._values(f, problems, [""] * len(problems), [[] for _ in problems], 0, 0)
+            try:
+                sig = inspect.signature(f)
+            except (TypeError, ValueError):  # no signature to read (a builtin): its first call tells
+                continue
+            try:
+                sig.bind(**keywords)
+            except TypeError as err:
+                raise ValueError(f"reward function {reward_name(f)} cannot be called with the keywords a "
+                                 f"reward receives ({err}): they are {list(RESERVED_COLUMNS)} and the data's "
+                                 f"columns {columns}; take what it uses by name and the rest with **kwargs"
+                                 ) from None
 
     def __call__(self, problems: list[dict], completions: list[str], completion_ids: list[list[int]],
                  step: int, max_steps: int) -> np.ndarray:

@@ -28,7 +28,7 @@ import torch
 
 __all__ = [
     "SMOLLM2_HUB_ID", "SMOLLM2_GGUF", "byte_tokenizer", "tiny_random_model", "smollm2_gguf_path",
-    "hub_reachable",
+    "hub_reachable", "base_model_id",
     "load_base",
 ]
 
@@ -104,6 +104,16 @@ def smollm2_gguf_path() -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def base_model_id(spec: str) -> str:
+    """What an adapter's ``base_model_name_or_path`` records of a model spec: the hub id (for
+    ``smollm2-135m`` SmolLM2's, also when its GGUF was loaded), a local folder's absolute path, or
+    ``tiny-random`` (built in code: :func:`load_base` makes it, no loader of the hub can)."""
+    if spec == "smollm2-135m":
+        return SMOLLM2_HUB_ID
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if spec != "tiny-random" and path.is_dir() else spec
 
 
 def _dtype(name: str | None):
@@ -231,8 +241,16 @@ def _load_base(spec: str, dtype: str | None, device: str, seed: int):
             _forget_gguf_quantization(model)
             source = str(path)
     else:
-        tok = AutoTokenizer.from_pretrained(spec)
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, use_safetensors=True)
+        local = Path(spec).expanduser().is_dir()
+        if not local and not _offline() and not hub_reachable():  # not the hub client's minute of retries
+            loaded = _from_hub(spec, torch_dtype)
+            if loaded is None:
+                raise ValueError(f"model {spec!r} is not in the local cache and the hub cannot be reached "
+                                 "(no network); give a model folder, or run where the hub answers")
+            tok, model = loaded[1], loaded[0]
+        else:
+            tok = AutoTokenizer.from_pretrained(spec)
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, use_safetensors=True)
         source = spec
     if torch_dtype is not None:
         model = model.to(torch_dtype)

@@ -34,8 +34,9 @@ from .objective import ADVANTAGE_EPS
 
 __all__ = ["CONFIG", "PROVENANCE", "INITIAL_EVAL", "METRICS", "SLATES", "EVAL", "CHECKPOINT", "ADAPTERS",
            "ROUTER", "PER_AGENT_METRICS", "SCALAR_METRICS", "ROW_KEYS", "METRICS_KEYS", "AGENT_DIAGNOSTICS",
-           "SLATE_KEYS", "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "metrics_row", "slates_row", "RunWriter",
-           "Run", "read_run", "read_comparison", "read_json", "read_jsonl"]
+           "TOKEN_MEANS",
+           "SLATE_KEYS", "SLATE_BUDGET_KEYS", "EVAL_FILE_KEYS", "REWARD_EVAL_KEYS", "metrics_row",
+           "slates_row", "RunWriter", "Run", "read_run", "read_comparison", "read_json", "read_jsonl"]
 
 CONFIG, PROVENANCE, INITIAL_EVAL = "config.json", "PROVENANCE.json", "initial_eval.json"
 METRICS, SLATES, EVAL = "metrics.jsonl", "slates.jsonl", "eval.json"
@@ -74,6 +75,11 @@ AGENT_DIAGNOSTICS: dict[str, str] = {
 """The actor update's per-agent diagnostics, one value per agent (config order) under the ``agent/``
 namespace, each with its meaning. Rows of runs recorded before they existed lack them."""
 
+TOKEN_MEANS = ("agent/entropy", "agent/clip_low", "agent/clip_high", "agent/approx_kl", "agent/kl")
+"""The :data:`AGENT_DIAGNOSTICS` that are means over an agent's trained tokens: null (None) for an
+agent with none in the update (every completion of it cut at the token budget under
+``mask_truncated_completions``), where a mean is undefined, not 0."""
+
 SLATE_KEYS = ("R", "I", "G", "p", "P", "mu_hat", "score", "cut", "tokens")
 """The slates.jsonl keys, each one entry per slate (rewards (K), the deployed index, its reward, the
 propensities (K), the leave-one-out propensities (K x K), the outcome estimates (K), the credit
@@ -88,9 +94,15 @@ EVAL_FILE_KEYS = ("accuracy", "entropy", "brier", "specialization", "oracle", "r
                   "agent_accuracy", "deployed_fraction", "n", "n_specialty", "correct", "base_correct",
                   "agent_correct", "best_of_k", "uniform_accuracy", "uniform_correct", "router_auc",
                   "router_auc_within", "mu_hat", "strict_accuracy", "flexible_accuracy", "truncated")
-"""Keys of an evaluation (initial_eval.json; a metrics row's ``eval``); eval.json adds
+"""Keys of an evaluation (initial_eval.json; a metrics row's ``eval``), and :data:`REWARD_EVAL_KEYS`
+with reward functions of your own; eval.json adds
 ``signal``, ``updates`` and, with an initial evaluation, ``initial_accuracy``, ``initial_correct``,
-``initial_agent_accuracy`` and ``initial_deployed_fraction``."""
+``initial_agent_accuracy`` and ``initial_deployed_fraction`` (and ``initial_reward``)."""
+
+REWARD_EVAL_KEYS = ("reward", "agent_reward", "base_reward")
+"""Keys of an evaluation with reward functions of your own (:mod:`mcpg.grpo.custom`): the mean
+reward of the deployed answers, of each agent's, of the frozen model's, beside the accuracies,
+which count only the full reward 1."""
 
 
 def _mean(x) -> float | None:
@@ -141,7 +153,45 @@ def _diagnostics(diagnostics: dict, K: int) -> dict:
     if unknown or any(len(v) != K for v in diagnostics.values()):
         raise ValueError(f"diagnostics must be AGENT_DIAGNOSTICS keys with one value per agent, got "
                          f"{ {k: len(v) for k, v in diagnostics.items()} }")
-    return {k: [float(x) for x in v] for k, v in diagnostics.items()}
+    return {k: [None if x is None else float(x) for x in v] for k, v in diagnostics.items()}
+
+
+def model_card(agent: dict, instruction: str, base_model: str, run: dict) -> str:
+    """The ``README.md`` of an agent's adapter folder (a Hugging Face model card): the base model,
+    the role it was trained with (the system message it reads), the run's provenance (``run``:
+    ``folder``, ``signal``, ``updates``, ``agents``, ``commit``, ``dirty``, ``code_sha256``,
+    ``reward``, ``data``) and how to load it with PEFT alone."""
+    system = f"{agent['role']} {instruction}" if instruction else agent["role"]
+    if base_model == "tiny-random":
+        load = ("from mcpg.grpo.models import load_base  # tiny-random is built in code\n"
+                "from peft import PeftModel\n\n"
+                "base, tokenizer, _ = load_base(\"tiny-random\")\n"
+                f"model = PeftModel.from_pretrained(base, {str(run['adapter'])!r})")
+    else:
+        load = ("from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+                f"model = AutoPeftModelForCausalLM.from_pretrained({str(run['adapter'])!r})\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({base_model!r})")
+    lines = [
+        "---", f"base_model: {base_model}", "library_name: peft", "tags: [lora, grpo, mcpg]", "---", "",
+        f"# Agent `{agent['name']}` of a routed GRPO pool", "",
+        f"One of {len(run['agents'])} LoRA agents ({', '.join(run['agents'])}) trained together by "
+        f"`mcpg.grpo` with a learned router and {run['signal']} credit, {run['updates']} updates.", "",
+        "## Role", "",
+        "Its system message in training and evaluation (the role, then the config's instruction):",
+        "", "```text", system, "```", "",
+        f"Sampling temperature {agent.get('temperature', 1.0)}; specialty {agent.get('specialty')}.", "",
+        "## Provenance", "",
+        f"- run folder: `{run['folder']}` (config.json, PROVENANCE.json, metrics.jsonl, eval.json)",
+        f"- code: commit {run['commit']} (dirty: {run['dirty']}), mcpg SHA-256 {run['code_sha256']}",
+        f"- base model: {base_model}", f"- reward: {run['reward']}", f"- data: {run['data']}", "",
+        "## Load it", "", "```python", load,
+        "messages = [{\"role\": \"system\", \"content\": " + repr(system) + "},",
+        "            {\"role\": \"user\", \"content\": \"...\"}]",
+        "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\",",
+        "                                       return_dict=True)",
+        "answer = model.generate(**inputs, max_new_tokens=64, do_sample=False)", "```", "",
+    ]
+    return "\n".join(lines)
 
 
 def slates_row(log: dict, budget: bool) -> dict:
@@ -167,6 +217,19 @@ class RunWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_json(self.folder / CONFIG, {"config": cfg, "signal": signal, "model_source": model_source,
                                           "processes": processes, **recorded})
+
+    def model_cards(self, agents: list[dict], instruction: str, base_model: str, **run) -> None:
+        """Each agent's :func:`model_card` as ``adapters/<name>/README.md`` (replacing peft's
+        template), with this run's provenance from ``PROVENANCE.json``."""
+        path = self.folder / PROVENANCE
+        prov = json.loads(path.read_text()) if path.is_file() else {}
+        run = {"folder": str(self.folder.resolve()), "agents": [a["name"] for a in agents],
+               "commit": prov.get("commit"), "dirty": prov.get("dirty"),
+               "code_sha256": (prov.get("code") or {}).get("sha256"), **run}
+        for a in agents:
+            folder = self.folder / ADAPTERS / a["name"]
+            text = model_card(a, instruction, base_model, {**run, "adapter": folder.resolve()})
+            (folder / "README.md").write_text(text, encoding="utf-8")
 
     def json(self, name: str, value: dict) -> None:
         """``initial_eval.json`` or ``eval.json``."""

@@ -24,7 +24,8 @@ One update, top to bottom (:func:`train`):
    (or centred: ``scale_rewards``). The draw of I, the credit and the advantages are one call,
    :func:`mcpg.grpo.objective.route_and_credit`, the one the simulated pool makes too.
 6. **Actor update.** The clipped GRPO loss (TRL's token-level convention, ``loss_type``
-   ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW.
+   ``dapo`` by default) on each agent's own adapter; gradients clipped per agent; AdamW (its
+   learning rate constant, or scheduled: ``lr_scheduler_type``).
 7. **Router update.** Only now the router learns, from this rollout's selected feedback, by
    inverse-propensity-weighted cross-entropy; it was fixed while the actors updated.
 
@@ -50,7 +51,8 @@ Run directory (its schema, file names and declared keys: :mod:`mcpg.grpo.rundir`
                          under allocation "leverage" also exact_a: each completion's leverage)
     eval.json            accuracy, entropy, brier, specialization, oracle, regret, ...
     adapters/<agent>/, router.safetensors    the final weights (each agent in peft's format)
-    checkpoint/          adapters, router, optimizer states, router replay, RNG states, update counter
+    checkpoint/          adapters, router, optimizer states (and the learning rate schedule's), router
+                         replay, RNG states, update counter
 
 Logged metrics (``metrics.jsonl``, one row per update; per-agent lists are in the config's
 agent order). Like TRL's "logged metrics", every key is listed here:
@@ -129,6 +131,10 @@ key                             meaning
 ``initial_correct``             its per-problem list (paired with ``correct``)
 ``initial_agent_accuracy``      its per-agent accuracy
 ``initial_deployed_fraction``   its deployment shares
+``reward``, ``agent_reward``    with reward functions of your own: the mean reward of the deployed
+                                answers, of each agent's (accuracy counts only the full reward 1)
+``base_reward``                 the same of the frozen base model
+``initial_reward``              ``reward`` of the untrained pool (eval.json only)
 ``signal``, ``updates``         the run's signal and number of updates
 =============================== ================================================================
 
@@ -157,9 +163,12 @@ A resumed data-parallel run needs the same number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -175,7 +184,7 @@ from . import custom, rundir
 from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
-from .configs import GRPOConfig, canonical_keys, check_config, resolve_config, saved_config
+from .configs import GRPOConfig, canonical_keys, check_config, dataset_defaults, resolve_config, saved_config
 from .custom import RewardScorer
 from .gsm8k import (
     GSM8K_DIR_ENV,
@@ -186,6 +195,7 @@ from .gsm8k import (
     question_specialty,
     reward,
 )
+from .models import base_model_id
 from .objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .provenance import add_call, code_origin, start_run
 from .router import CandidateFeatures, Router
@@ -193,6 +203,8 @@ from .rundir import RunWriter
 from .slates import Slates
 
 __all__ = ["train", "evaluate_run", "evaluate_pool", "Engine", "leverage_proxy", "CustomTask", "custom_task"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -216,6 +228,7 @@ class CustomTask:
         out = {}
         if self.rewards is not None:
             out["reward_funcs"] = self.rewards.names
+            out["reward_sources"] = self.rewards.sources
         if self.train_source is not None:
             out["train_dataset"] = self.train_source
         if self.eval_source is not None:
@@ -261,6 +274,8 @@ def custom_task(cfg: GRPOConfig, reward_funcs=None, train_dataset=None, eval_dat
                              "run's own, or start a new run in a new output")
         if funcs is None and recorded:
             funcs = _recorded_rewards(recorded)
+        if funcs is not None:
+            custom.check_same_sources(saved.get("reward_sources"), funcs)
         if load_train:
             train_dataset = _recorded_dataset(saved, "train_dataset", train_dataset)
         eval_dataset = _recorded_dataset(saved, "eval_dataset", eval_dataset)
@@ -347,6 +362,7 @@ def data_record(cfg, train_set: list[dict] | None, eval_set: list[dict],
     rec.update(eval_n=len(eval_set), eval_sha256=digest(eval_set))
     if task is not None and task.rewards is not None:
         rec["reward_funcs"] = task.rewards.names
+        rec["reward_sources"] = task.rewards.sources
     return rec
 
 
@@ -360,10 +376,10 @@ def load_problems(cfg, load_train: bool = True, task: CustomTask | None = None
 TRAINING_ONLY_KEYS = (
     "name", "signal", "updates", "prompts_per_update", "completions_per_agent",
     "max_completion_length", "generation_batch_size", "train_micro_batch", "train_problems",
-    "learning_rate", "weight_decay", "max_grad_norm", "epsilon", "epsilon_high", "loss_type",
-    "num_iterations", "advantage_eps", "scale_rewards", "beta", "router_lr", "router_steps",
-    "router_replay", "mask_truncated_completions", "eval_every", "checkpoint_every", "progress",
-    "threads", "gradient_checkpointing", "report_to")
+    "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "epsilon",
+    "epsilon_high", "loss_type", "num_iterations", "advantage_eps", "scale_rewards", "beta",
+    "router_lr", "router_steps", "router_replay", "mask_truncated_completions", "eval_every",
+    "checkpoint_every", "progress", "threads", "gradient_checkpointing", "report_to")
 """Config keys that only the updates read; two runs that differ only in these (the arms of one
 seed of a grid: their signal and scaling) evaluate the same untrained pool the same way. Every
 other key, the held-out problems, the model file and the code enter :func:`initial_eval_key`;
@@ -377,7 +393,8 @@ def initial_eval_key(config: dict, data: dict | None, model_source: str | None,
     model file the run loaded, and the SHA-256 of the engine's code
     (:func:`mcpg.grpo.provenance.code_origin`)."""
     cfg = saved_config(config).to_dict()  # a recorded config reads as it was written
-    held_out = {k: (data or {}).get(k) for k in ("task", "source", "eval_n", "eval_sha256", "reward_funcs")}
+    held_out = {k: (data or {}).get(k) for k in ("task", "source", "eval_n", "eval_sha256", "reward_funcs",
+                                                 "reward_sources")}
     return {"config": {k: v for k, v in cfg.items() if k not in TRAINING_ONLY_KEYS}, "held_out": held_out,
             "model_source": model_source, "code_sha256": code_sha256}
 
@@ -428,7 +445,7 @@ def check_same_problems(recorded: dict | None, now: dict, run: Path, what: str) 
                     if str(source).startswith("/") else f"read them from {source}")
             raise ValueError(
                 f"{what}: the {words} problems read from {now['source']} (SHA-256 {now[key][:12]}...) "
-                f"differ from the ones run {run} used ({source}, SHA-256 {recorded[key][:12]}...): {hint}")
+                f"differ from the ones run {run} used (SHA-256 {recorded[key][:12]}...): {hint}")
 
 
 def check_model_spec(spec: str) -> None:
@@ -572,6 +589,12 @@ class Engine:
             lr=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
         )
+        self.scheduler = None  # constant: the learning rate as it is (every recorded run)
+        if cfg.lr_scheduler_type != "constant":
+            from transformers import get_scheduler
+
+            self.scheduler = get_scheduler(cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=0,
+                                           num_training_steps=cfg.updates * cfg.num_iterations)
         self.router_optimizer = torch.optim.Adam(self.router.parameters(), lr=cfg.router_lr)
         self.replay: list[
             dict[str, torch.Tensor]
@@ -835,10 +858,14 @@ class Engine:
                                for q in (1, 2)])  # per agent: sums of its advantages and their squares
         moments = self.dist.sum_(moments.to(self.dist.device)).cpu() / norm["seqs"].clamp(min=1.0)
         entropy = self.dist.sum_(entropy.to(self.dist.device)).cpu() / norm["tokens"].clamp(min=1.0)
-        return {"agent/grad_norm": np.mean(grad_norms, axis=0).tolist(), "agent/entropy": entropy.tolist(),
-                "agent/advantage_std": (moments[1] - moments[0] ** 2).clamp(min=0.0).sqrt().tolist(),
-                "agent/clip_low": per_token[:, 0].tolist(), "agent/clip_high": per_token[:, 1].tolist(),
-                "agent/approx_kl": per_token[:, 2].tolist(), "agent/kl": per_token[:, 3].tolist()}
+        out = {"agent/grad_norm": np.mean(grad_norms, axis=0).tolist(), "agent/entropy": entropy.tolist(),
+               "agent/advantage_std": (moments[1] - moments[0] ** 2).clamp(min=0.0).sqrt().tolist(),
+               "agent/clip_low": per_token[:, 0].tolist(), "agent/clip_high": per_token[:, 1].tolist(),
+               "agent/approx_kl": per_token[:, 2].tolist(), "agent/kl": per_token[:, 3].tolist()}
+        none = (norm["tokens"] == 0).tolist()  # no trained token: a mean over them is undefined, not 0
+        for key in rundir.TOKEN_MEANS:
+            out[key] = [None if empty else v for v, empty in zip(out[key], none)]
+        return out
 
     def _logprobs(self, roll: Rollout, rows: list[int], with_entropy: bool = False):
         """Per-token log-probabilities of the completions ``rows`` under their agents' adapters
@@ -899,6 +926,8 @@ class Engine:
                 grads = [p.grad for p in params if p.grad is not None]
                 norms.append(float(torch.nn.utils.get_total_norm(grads)))
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         return norms
 
     # -- evaluation --------------------------------------------------------------------------
@@ -919,6 +948,8 @@ class Engine:
             self.pool.save_adapters(tmp / "adapters")
             self.router.save(tmp / "router.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            if self.scheduler is not None:
+                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(self.router_optimizer.state_dict(), tmp / "router_optimizer.pt")
             torch.save(self.replay, tmp / "router_replay.pt")
             write_json(
@@ -949,6 +980,8 @@ class Engine:
         self.pool.load_adapters(folder / "adapters")
         self.router.load(folder / "router.safetensors")
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        if self.scheduler is not None and (folder / "scheduler.pt").exists():
+            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
         self.router_optimizer.load_state_dict(torch.load(folder / "router_optimizer.pt", weights_only=True))
         if (folder / "router_replay.pt").exists():
             self.replay = torch.load(folder / "router_replay.pt", weights_only=True)
@@ -976,8 +1009,11 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     ``base``: an earlier evaluation of the same problems; its ``base_accuracy`` and
     ``base_correct`` are reused (the frozen model does not change), so no base rows are generated.
     With reward functions of your own an answer is correct when it earns the full reward, 1
-    (:mod:`mcpg.grpo.custom`); ``strict_accuracy`` and ``flexible_accuracy`` are None on a
-    dataset of your own (they read GSM8K's gold number).
+    (:mod:`mcpg.grpo.custom`), and the means of the reward itself are reported beside:
+    ``reward`` (the deployed answers'), ``agent_reward`` (each agent's) and ``base_reward``
+    (:data:`mcpg.grpo.rundir.REWARD_EVAL_KEYS`; with the default 0/1 reward they would repeat the
+    accuracies); ``strict_accuracy`` and ``flexible_accuracy`` are None on a dataset of your own
+    (they read GSM8K's gold number).
     """
     from tqdm.auto import tqdm
 
@@ -1001,7 +1037,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         )
     spec_idx = {a.specialty: k for k, a in enumerate(engine.agents) if a.specialty}
     if engine.rewards is not None:  # yours: correct = the full reward (mcpg.grpo.custom)
-        mine = engine._custom_rewards([p for p in problems for _ in range(K + with_base)], roll, correct=True)
+        totals = engine._custom_rewards([p for p in problems for _ in range(K + with_base)], roll)
+        mine = (totals >= 1.0 - custom.FULL_REWARD_TOL).astype(float)
     per_problem = []
     for b, prob in enumerate(problems):
         rows = range(b * (K + with_base), (b + 1) * (K + with_base))
@@ -1009,8 +1046,9 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         trunc = [bool(roll.truncated[r]) for r in rows]
         if engine.rewards is None:
             R = [reward(t, prob["gold"], truncated=c) for t, c in zip(texts, trunc)]
+            total = R
         else:
-            R = [float(mine[r]) for r in rows]
+            R, total = [float(mine[r]) for r in rows], [float(totals[r]) for r in rows]
         gold = prob.get("gold")  # GSM8K's and the arithmetic task's; a dataset of your own has none
         f = engine.features([prob["question"]] * K, texts[:K], list(range(K)), trunc[:K])
         rt = engine.router.route(f)
@@ -1019,6 +1057,8 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
             {
                 "R": R[:K],
                 "base": R[K] if with_base else None,
+                "reward": total[:K],
+                "base_reward": total[K] if with_base else None,
                 "deployed": d,
                 "entropy": float(routing.routing_entropy(rt["p"])),
                 "brier": float((rt["mu_hat"][d] - R[d]) ** 2),
@@ -1036,6 +1076,12 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
     oracle = float(Rm.max(1).mean())
     spec = [int(x["deployed"] == x["matched"]) for x in allp if x["matched"] is not None]
     mu = np.array([x["mu_hat"] for x in allp], dtype=float)
+    graded = {}
+    if engine.rewards is not None:  # a reward of your own: its means, beside the full reward's accuracy
+        Rw = np.array([x["reward"] for x in allp], dtype=float)
+        graded = {"reward": float(Rw[np.arange(len(allp)), dep].mean()), "agent_reward": Rw.mean(0).tolist(),
+                  "base_reward": (_mean([x["base_reward"] for x in allp]) if with_base
+                                  else base.get("base_reward"))}
     return {
         "accuracy": acc,
         "entropy": _mean([x["entropy"] for x in allp]),
@@ -1060,6 +1106,7 @@ def evaluate_pool(engine: Engine, progress: bool = False, base: dict | None = No
         "strict_accuracy": _mean_known([x["strict"] for x in allp]),
         "flexible_accuracy": _mean_known([x["flexible"] for x in allp]),
         "truncated": _mean([t for x in allp for t in x["truncated"]]),
+        **graded,
     }
 
 
@@ -1080,9 +1127,16 @@ def _check_new_output(out: Path) -> None:
     """A new run writes into a new or empty directory: one that holds anything (another run's
     files, or files of its own) is refused, naming what it holds."""
     if not out.exists():
+        parent = next(p for p in out.parents if p.exists())
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"output {out}: cannot write in {parent} (no permission) to make it; give an "
+                             "output where you can write")
         return
     if not out.is_dir():
         raise ValueError(f"output {out} is an existing file; give a directory (new, or a run to resume)")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"output {out}: cannot write in it (no permission); give an output where you can "
+                         "write")
     held = sorted(p.name for p in out.iterdir())
     if not held:
         return
@@ -1090,6 +1144,9 @@ def _check_new_output(out: Path) -> None:
     if any(name in RUN_FILES for name in held):
         how = ("continue it with resume=True (--resume)" if (out / rundir.CONFIG).exists()
                else "remove what is left of it")
+        if _updates_done(out) == 0 and not (out / rundir.METRICS).exists():
+            how = (f"it stopped before its first update: continue it with resume=True (--resume), or start "
+                   f"over by removing it (rm -r {shlex.quote(str(out))})")
         raise ValueError(f"output {out} already holds a run ({shown}): {how}, or write this run to a new "
                          "output directory")
     raise ValueError(f"output {out} is not empty ({shown}): write the run to a new or empty directory")
@@ -1196,6 +1253,8 @@ def train(
         cfg = saved_config(saved)
         if config is not None or overrides:
             given = resolve_config(cfg if config is None else config, **overrides)
+            if saved.get("eval_dataset") is not None:  # the run's own data: its defaults too
+                given = dataset_defaults(given)[0]
             _check_resumed_config(given, saved["config"], cfg, updates)
         done = _updates_done(out)
         if updates is not None:
@@ -1214,6 +1273,10 @@ def train(
             cfg = cfg.replace(updates=int(updates))
         cfg = cfg.with_signal(signal)
         task = custom_task(cfg, reward_funcs, train_dataset, eval_dataset)
+        if task.datasets:  # your data: neutral agents and no instruction where the config keeps GSM8K's
+            cfg, changed = dataset_defaults(cfg)
+            if changed:
+                _say_dataset_defaults(changed)
     signal = cfg.signal
     if initial_eval is not None and (resume or not cfg.eval_initial):
         raise ValueError("initial_eval is for a new run that evaluates its untrained pool "
@@ -1224,8 +1287,8 @@ def train(
     problems = load_problems(cfg, task=task)
     data = data_record(cfg, *problems, task=task)
     check_same_problems(recorded, data, out, "resume")
-    if task.rewards is not None:
-        task.rewards.probe(problems[1][:1])  # what they return, checked before the model loads
+    if task.rewards is not None:  # their keywords, checked before the model loads
+        task.rewards.check_signatures([*(problems[0] or []), *problems[1]])
 
     engine = Engine(cfg, signal, data=problems, rewards=task.rewards)
     dist = engine.dist
@@ -1239,68 +1302,110 @@ def train(
             engine.load_checkpoint(ckpt)
         if dist.main:
             writer.truncate(engine.step)
-    if dist.main:
-        writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
-        # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
-        start_run(out, resume=resume, data=data,
-                  initial_eval=None if shared is None else str(shared.parent.resolve()))
-    dist.barrier()
-
-    from tqdm.auto import tqdm
-
-    initial = None
-    init_path = out / "initial_eval.json"
-    if cfg.eval_initial:
-        if engine.step == 0 and not init_path.exists() and shared is not None:
-            initial = json.loads(shared.read_text())  # the same evaluation, made by another arm
-            if dist.main:
-                shutil.copyfile(shared, init_path)
-        elif engine.step == 0 and not init_path.exists():
-            initial = engine.evaluate(progress=show)  # the untrained pool: separates routing from training
-            if dist.main:
-                writer.json(rundir.INITIAL_EVAL, initial)
-        elif init_path.exists():
-            initial = json.loads(init_path.read_text())
+    with _unstarted_run_removed(out, new_run=not resume, engine=engine):
+        if dist.main:
+            writer.config(cfg.to_dict(), signal, engine.model_source, dist.world, **task.recorded())
+            # PROVENANCE.json: commit, dirty, machine, command, the problems (per call)
+            start_run(out, resume=resume, data=data,
+                      initial_eval=None if shared is None else str(shared.parent.resolve()))
         dist.barrier()
 
-    start = engine.step
-    report = MetricsReport(cfg.report_to if dist.main else [], out, engine.pool.names,
-                           purge_step=start + 1 if resume else None)
-    with tqdm(
-        total=cfg.updates,
-        initial=start,
-        desc=f"GRPO {signal}",
-        unit="update",
-        disable=not (show and dist.main),
-    ) as bar:
-        while engine.step < cfg.updates:
-            if stop_after is not None and engine.step - start >= stop_after:
-                report.close()
-                return None
-            row = engine.update(progress=show)
-            if cfg.eval_every and engine.step % cfg.eval_every == 0 and engine.step < cfg.updates:
-                row["eval"] = engine.evaluate(progress=show, base=initial)
-            if dist.main:
-                line = writer.update(row, engine.last_slates)
-                report.write(json.loads(line))  # the row as written
-            if engine.step % cfg.checkpoint_every == 0 or engine.step == cfg.updates:
-                engine.save_checkpoint(out / "checkpoint")
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
-    report.close()
+        from tqdm.auto import tqdm
 
-    result = {
-        **engine.evaluate(progress=show, base=initial),
-        **_initial_keys(initial),
-        "signal": signal,
-        "updates": engine.step,
-    }
-    if dist.main:
-        engine.pool.save_adapters(out / "adapters")
-        engine.router.save(out / "router.safetensors")
-        writer.json(rundir.EVAL, result)
-    dist.barrier()
-    return result
+        initial = None
+        init_path = out / "initial_eval.json"
+        if cfg.eval_initial:
+            if engine.step == 0 and not init_path.exists() and shared is not None:
+                initial = json.loads(shared.read_text())  # the same evaluation, made by another arm
+                if dist.main:
+                    shutil.copyfile(shared, init_path)
+            elif engine.step == 0 and not init_path.exists():
+                # the untrained pool: separates routing from training
+                initial = engine.evaluate(progress=show)
+                if dist.main:
+                    writer.json(rundir.INITIAL_EVAL, initial)
+            elif init_path.exists():
+                initial = json.loads(init_path.read_text())
+            dist.barrier()
+
+        start = engine.step
+        report = MetricsReport(cfg.report_to if dist.main else [], out, engine.pool.names,
+                               purge_step=start + 1 if resume else None)
+        with tqdm(
+            total=cfg.updates,
+            initial=start,
+            desc=f"GRPO {signal}",
+            unit="update",
+            disable=not (show and dist.main),
+        ) as bar:
+            while engine.step < cfg.updates:
+                if stop_after is not None and engine.step - start >= stop_after:
+                    report.close()
+                    return None
+                row = engine.update(progress=show)
+                if cfg.eval_every and engine.step % cfg.eval_every == 0 and engine.step < cfg.updates:
+                    row["eval"] = engine.evaluate(progress=show, base=initial)
+                if dist.main:
+                    line = writer.update(row, engine.last_slates)
+                    report.write(json.loads(line))  # the row as written
+                if engine.step % cfg.checkpoint_every == 0 or engine.step == cfg.updates:
+                    engine.save_checkpoint(out / "checkpoint")
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward']:.3f}", oracle=f"{row['oracle']:.3f}")
+        report.close()
+
+        result = {
+            **engine.evaluate(progress=show, base=initial),
+            **_initial_keys(initial),
+            "signal": signal,
+            "updates": engine.step,
+        }
+        if dist.main:
+            base = base_model_id(cfg.model)
+            engine.pool.save_adapters(out / rundir.ADAPTERS, base_model=base)
+            writer.model_cards(cfg.agents, engine.pool.instruction, base, signal=signal, updates=engine.step,
+                               reward=", ".join(task.rewards.names) if task.rewards else
+                               "mcpg.grpo.gsm8k.reward (the answer against the gold one)",
+                               data=data_source(cfg, task))
+            engine.router.save(out / "router.safetensors")
+            writer.json(rundir.EVAL, result)
+        dist.barrier()
+        return result
+
+
+@contextlib.contextmanager
+def _unstarted_run_removed(out: Path, new_run: bool, engine: Engine):
+    """A new run that fails before its first update (an error in a reward function of your own at
+    its first call, say) leaves its output as it found it, new or empty (:func:`_check_new_output`):
+    the files it wrote are removed, so that the same command runs again once the cause is fixed.
+    A run with an update done keeps its folder (resume continues it), and so does one stopped by
+    Ctrl-C."""
+    existed = out.exists()
+    try:
+        yield
+    except Exception:
+        if new_run and engine.step == 0 and engine.dist.main and not (out / rundir.METRICS).exists():
+            for name in RUN_FILES:
+                path = out / name
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
+def _say_dataset_defaults(changed: dict) -> None:
+    """The one line that says which defaults a run on a dataset of your own took."""
+    said = []
+    if "agents" in changed:
+        agents = changed["agents"]
+        said.append(f"agents {', '.join(a['name'] for a in agents)} ({agents[0]['role']!r}, no specialty)")
+    if "instruction" in changed:
+        said.append("no instruction after the role")
+    log.warning("a dataset of your own with the config's defaults: %s; set config keys agents and "
+                "instruction (--agents, --instruction) to choose them", " and ".join(said))
 
 
 def _initial_keys(initial: dict | None) -> dict:
@@ -1312,6 +1417,7 @@ def _initial_keys(initial: dict | None) -> dict:
         "initial_correct": initial["correct"],
         "initial_agent_accuracy": initial["agent_accuracy"],
         "initial_deployed_fraction": initial["deployed_fraction"],
+        **({"initial_reward": initial["reward"]} if "reward" in initial else {}),
     }
 
 
@@ -1340,14 +1446,14 @@ def evaluate_run(run: str | os.PathLike, progress: bool | None = None, reward_fu
         done = _updates_done(run)
         raise ValueError(f"run {run} has not finished ({done} of {cfg.updates} updates, no final "
                          f"weights): finish it with python -m mcpg.grpo train --signal {saved['signal']} "
-                         f"--output {run} --resume, then evaluate it")
+                         f"--output {shlex.quote(str(run))} --resume, then evaluate it")
     check_model_spec(cfg.model)
     task = custom_task(cfg, reward_funcs, None, eval_dataset, saved=saved, load_train=False)
     problems = load_problems(cfg, load_train=False, task=task)
     data = data_record(cfg, None, problems[1], task=task)
     check_same_problems(_recorded_data(run), data, run, "evaluate")
     if task.rewards is not None:
-        task.rewards.probe(problems[1][:1])
+        task.rewards.check_signatures(problems[1])
     engine = Engine(cfg, saved["signal"], load_train=False, data=problems, rewards=task.rewards)
     engine.pool.load_adapters(run / rundir.ADAPTERS)
     engine.router.load(run / rundir.ROUTER)
