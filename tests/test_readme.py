@@ -167,28 +167,6 @@ def test_readme_states_the_size_of_the_fetched_results(tmp_path):
     assert 0.75 * sent <= pack <= 1.25 * sent, f"{pack / 1e6:.0f} MB transferred"
 
 
-def test_readme_trains_your_own_agents(tmp_path, monkeypatch, capsys, one_torch_thread):
-    """The section "Train your own agents" runs as written (its one code block, in an empty
-    folder), trains on its own data with its own reward, and records that reward by name."""
-    import json
-    import re
-
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Train your own agents", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) <= 12
-    monkeypatch.chdir(tmp_path)
-    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme_example"})
-    accuracy, agents = capsys.readouterr().out.split(" ", 1)
-    assert 0 <= float(accuracy) <= 1 and len(json.loads(agents)) == 3
-    saved = json.loads((tmp_path / "runs" / "mine" / "config.json").read_text())
-    assert saved["reward_funcs"] == ["readme_example:says_answer"]
-    assert saved["config"]["model"] == "tiny-random"
-    # at most two sentences beside the example
-    prose = re.sub(r"```.*?```", "", section, flags=re.S).strip()
-    assert prose.count(". ") + prose.endswith(".") <= 2
-
-
 def test_readme_says_no_gpu_result_is_measured():
     """The README claims no GPU number, and none is recorded."""
     assert "No GPU result is measured" in _readme()
