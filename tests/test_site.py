@@ -1,7 +1,8 @@
 """The built site in a real browser: every page loads in headless Chromium without console
 errors, its math is typeset by MathJax, its figures load, no internal link is broken, and
 no code cell or output is wider than the page's column at a 1280-pixel window, which shows
-one search field.
+one search field. Without a browser, every link to an exercise says the number the exercise
+displays (``tests/test_exercise_refs.py``).
 
 Runs when ``MCPG_SITE`` names a built site (``book/_build/html``); CI sets it after the
 build. Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``MCPG_CHROMIUM``) and the
@@ -64,6 +65,17 @@ def browser():
 
 def _ids(html: str) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', html))
+
+
+def test_exercise_references_read_as_displayed():
+    """Plain HTML, no browser: the number in every link to an exercise is the number the
+    exercise shows (sphinx-exercise numbers them across the book, not by chapter)."""
+    from test_exercise_refs import read_site, site_problems
+
+    pages = read_site(Path(SITE).resolve())
+    problems, checked = site_problems(pages)
+    assert checked >= 10, f"only {checked} links to exercises found: has the markup changed?"
+    assert not problems, "\n".join(problems)
 
 
 def test_every_page_in_chromium(site, browser):

@@ -85,8 +85,11 @@ def sample_masks(n: int, n_agents: int, rng: np.random.Generator, prob: float = 
     """Masks m(S) drawn independently of everything else (Lemma 2's design).
 
     Each agent is present with probability ``prob``, independently across agents and
-    draws; with ``prob = 1/2`` the group S is uniform over all 2**K groups. The draw never
-    reads the actions, which is what Lemma 2 needs.
+    draws; with ``prob = 1/2`` the group S is uniform over all 2**K groups. The draw reads
+    nothing of the trajectory (the actions, the reward's noise, a router's draw), which is
+    Lemma 2's condition: S independent of the trajectory given H. Not reading the actions
+    is not enough; a mask drawn from the reward alone reads no action and still moves the
+    minimiser (chapter 4).
 
     Returns:
         bool array (n, n_agents), True where the agent is present.
@@ -372,10 +375,12 @@ def _merge_rows(inputs: torch.Tensor, targets: np.ndarray, member: np.ndarray, r
 def empirical_minimiser(inputs: torch.Tensor, targets, weights=None) -> np.ndarray:
     """The minimiser of Σ_k w_k (y_k − f(x_k))² over *all* functions f, at every row (Lemma 2).
 
-    It is the weighted mean of the targets over the rows with the same input. With
-    population weights P(H, A) P(S) and targets E[G | H, A] it is q^ret(S) exactly when the
-    masks are independent of the actions (Appendix B.8); with sampled data it is the cell
-    mean, the best any critic can do on those data. Returns shape (n,).
+    It is the weighted mean of the targets over the rows with the same input. On
+    :func:`population_dataset` rows (weights P(H, A) P(S | H, A), targets E[G | H, A]) it is
+    q^ret(S) exactly when S is drawn independently of the trajectory given H (Lemma 2,
+    Appendix B.8). A mask law that reads the actions (``mask_probs``), or the reward alone
+    (rows split by the value of G, as chapter 4 builds them), moves it. With sampled data
+    it is the cell mean, the best any critic can do on those data. Returns shape (n,).
     """
     if not torch.is_tensor(inputs) or inputs.ndim != 2:
         raise ValueError("inputs must be a 2-d torch tensor (n, d), e.g. from encode()")
