@@ -132,3 +132,64 @@ def test_the_chapter_reads_chapter_8_from_its_grid_of_record_only():
     assert "readings.paired_arms" in text and "readings.arms_sentence" in text
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     assert not re.search(r"\b(level with|a tie|ties)\b", prose)
+
+
+# the third box's test of one ablation, on constructed per-seed differences whose intervals are
+# known: 30 seeds, sd about 0.01 (half-width about 0.006 at Bonferroni over 7, t_29 = 3.06)
+NOISE = np.random.default_rng(0).normal(size=30)
+NOISE = (NOISE - NOISE.mean()) / NOISE.std(ddof=1) * 0.01
+
+
+def test_an_ablation_that_flips_the_sign_decides_it():
+    r = readings.sign_test(-0.09 + NOISE, +0.05 + NOISE[::-1], n_ablations=7)
+    assert r["twin"]["side"] == "behind" and r["ablated"]["side"] == "ahead"
+    assert r["difference"]["low"] > 0 and r["verdict"] == "decides the sign"
+    assert r["level"] == pytest.approx(1 - 0.05 / 7) and r["n"] == 30 and not r["identical"]
+    # its interval is a t-interval at that level, by hand
+    hw = stats.t_quantile(1 - 0.05 / 7, 29) * 0.01 / np.sqrt(30)
+    assert r["twin"]["low"] == pytest.approx(-0.09 - hw) and r["twin"]["high"] == pytest.approx(-0.09 + hw)
+
+
+def test_an_ablation_that_shifts_without_crossing_moves_it():
+    # from -0.09 to -0.03: still behind, yet the difference +0.06 excludes 0
+    r = readings.sign_test(-0.09 + NOISE, -0.03 + NOISE[::-1], n_ablations=7)
+    assert r["ablated"]["side"] == "behind" and r["difference"]["side"] == "ahead"
+    assert r["verdict"] == "moves the sign"
+    # to 0 (covering it): the twin's side against level is not opposite sides; it moves
+    r = readings.sign_test(-0.09 + NOISE, 0.0 + NOISE[::-1], n_ablations=7)
+    assert r["ablated"]["side"] == "level" and r["verdict"] == "moves the sign"
+
+
+def test_an_ablation_whose_difference_covers_0_is_refuted_and_bonferroni_widens():
+    # a shift of +0.004: at 95 % alone its difference can exclude 0, over 7 ablations it cannot
+    twin, abl = -0.09 + NOISE, -0.086 + NOISE
+    abl = abl + 0.009 * np.tile([1, -1], 15)  # the difference: 0.004 ± 0.009 by seed
+    one = readings.sign_test(twin, abl, n_ablations=1)
+    seven = readings.sign_test(twin, abl, n_ablations=7)
+    assert one["difference"]["low"] > 0 and one["verdict"] == "moves the sign"
+    assert seven["difference"]["low"] < 0 and seven["verdict"] == "refuted as the decider"
+
+
+def test_an_ablation_that_changes_nothing_is_refuted_and_says_so():
+    r = readings.sign_test(-0.09 + NOISE, -0.09 + NOISE, n_ablations=7)
+    assert r["identical"] and r["difference"]["low"] == r["difference"]["high"] == 0
+    assert r["verdict"] == "refuted as the decider"
+
+
+def test_the_sign_test_refuses_unpaired_or_too_few_seeds():
+    with pytest.raises(ValueError):
+        readings.sign_test(np.zeros(30), np.zeros(29), n_ablations=7)
+    with pytest.raises(ValueError):
+        readings.sign_test(np.zeros(1), np.zeros(1), n_ablations=7)
+    with pytest.raises(ValueError):
+        readings.sign_test(np.zeros(3), np.zeros(3), n_ablations=0)
+
+
+def test_recorded_arms_reads_a_twin_recording():
+    rec = {"arms": [{"scale_rewards": "none", "signal": "wta", "accuracy": [0.5, 0.6]},
+                    {"scale_rewards": "none", "signal": "removal", "accuracy": [0.4, 0.7]}]}
+    arms = readings.recorded_arms(rec)
+    assert set(arms) == {("none", "wta"), ("none", "removal")}
+    assert np.allclose(arms["none", "removal"] - arms["none", "wta"], [-0.1, 0.1])
+    with pytest.raises(KeyError):
+        readings.recorded_arms(rec, "sampled_accuracy")

@@ -15,7 +15,11 @@ sentences stay true as seeds are recorded:
   predicts (contains them, lies below or above them, contains some);
 - :func:`side_counts`: how many cells of a grid lie on each side of 0, in the same verbs;
 - :func:`span`: the range of some values, as text (seeds are named by
-  :func:`mcpg.stats.seed_names`, re-exported here as ``seed_names``).
+  :func:`mcpg.stats.seed_names`, re-exported here as ``seed_names``);
+- :func:`recorded_arms`: a recording of ``scripts/ch07_twin.py`` (the twin's predictions or one
+  of its ablations) as each arm's per-seed final deployed accuracy;
+- :func:`sign_test`: chapter 8's third box's test of one ablation, Bonferroni-corrected over the
+  ablations run: the variable *decides the sign*, *moves* it, or is *refuted* as the decider.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import pandas as pd
 from ... import stats
 from ...stats import seed_names
 
-__all__ = ["NAMES", "paired_arms", "arms_sentence", "interval_against", "side_counts", "seed_names", "span"]
+__all__ = ["NAMES", "paired_arms", "arms_sentence", "interval_against", "side_counts", "seed_names", "span",
+           "recorded_arms", "SIGN_VERDICTS", "sign_test"]
 
 NAMES = {"removal": "removal", "wta": "winner-take-all", "oracle": "the oracle"}
 """How the prose names each signal."""
@@ -124,3 +129,53 @@ def span(values, digits: int = 2, signed: bool = False) -> str:
     f = f"{'+' if signed else ''}.{digits}f"
     lo, hi = format(min(values), f), format(max(values), f)
     return lo if lo == hi else f"{lo} to {hi}"
+
+
+def recorded_arms(record: dict, measure: str = "accuracy") -> dict:
+    """``{(scaling, signal): per-seed values}`` of a recording of ``scripts/ch07_twin.py`` (the
+    predictions, or one entry of the ablations' list): each arm's ``measure`` (final deployed
+    ``accuracy`` by default) as an array over the recording's seeds, in their order."""
+    return {(a["scale_rewards"], a["signal"]): np.asarray(a[measure], dtype=float) for a in record["arms"]}
+
+
+SIGN_VERDICTS = ("decides the sign", "moves the sign", "refuted as the decider")
+"""The third box's three readings of an ablation (chapter 8, 2026-12-07)."""
+
+
+def _interval(d, level: float) -> dict:
+    d = np.asarray(d, dtype=float)
+    if d.ndim != 1 or len(d) < 2 or np.isnan(d).any():
+        raise ValueError("an interval needs two or more per-seed values and no NaN")
+    mean, hw = stats.mean_ci(d, level=level)
+    return {"mean": float(mean), "low": float(mean - hw), "high": float(mean + hw),
+            "side": str(stats.side_of_zero(mean - hw, mean + hw))}
+
+
+def sign_test(twin, ablated, n_ablations: int, alpha: float = 0.05) -> dict:
+    """Chapter 8's third box's test of one ablation, on the per-seed differences ``twin`` (the
+    twin's, e.g. centred removal - winner-take-all) and ``ablated`` (the same difference with one
+    variable moved to chapter 7's default), paired by seed (same seeds, same order).
+
+    Every interval is a t-interval at the Bonferroni level ``1 - alpha / n_ablations``. The
+    variable *decides the sign* when the twin's interval and the ablation's lie on opposite sides
+    of 0 (each excluding it) and the paired difference ``ablated - twin`` excludes 0; it *moves
+    the sign* when only the difference excludes 0; it is *refuted as the decider* when the
+    difference covers 0. Returns ``twin``, ``ablated`` and ``difference`` (each ``mean``,
+    ``low``, ``high``, ``side``: :func:`mcpg.stats.side_of_zero`'s label), ``level``, ``n``,
+    ``identical`` (the ablation changed no seed's difference) and ``verdict``."""
+    twin, ablated = np.asarray(twin, dtype=float), np.asarray(ablated, dtype=float)
+    if twin.shape != ablated.shape:
+        raise ValueError(f"the twin and the ablation must be paired by seed: {twin.shape} against "
+                         f"{ablated.shape}")
+    if n_ablations < 1:
+        raise ValueError("n_ablations must be at least 1")
+    level = 1 - alpha / n_ablations
+    t, a, d = _interval(twin, level), _interval(ablated, level), _interval(ablated - twin, level)
+    if d["side"] == "level":
+        verdict = SIGN_VERDICTS[2]
+    elif {t["side"], a["side"]} == {"ahead", "behind"}:
+        verdict = SIGN_VERDICTS[0]
+    else:
+        verdict = SIGN_VERDICTS[1]
+    return {"twin": t, "ablated": a, "difference": d, "level": level, "n": len(twin),
+            "identical": bool(np.array_equal(twin, ablated)), "verdict": verdict}
