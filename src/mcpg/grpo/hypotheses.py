@@ -122,8 +122,9 @@ def read_h2(runs: list[Run], replays: list[Run], seeds=SEEDS, replayed=REPLAYED,
     it is >= 0 pooled over the replays, or in seed 3 or seed 6, and otherwise *consistent*, since
     the box names only what refutes it; with the t-interval of the replays' own ``a_fin``), H2b
     (the mean per-replay Spearman of ``a_fin(t)`` against ``c(t+1) - c(t)`` is < 0: refuted if
-    >= 0, supported if < 0 with a permutation p < 0.05, else undecided) and the contrast (centred removal fails a
-    cut measure on fewer of ``seeds`` than standardised removal; refuted if as many or more)."""
+    >= 0, supported if < 0 with a permutation p < 0.05, else undecided) and the contrast (centred
+    removal fails a cut measure on fewer of ``seeds`` than standardised removal; refuted if as many
+    or more)."""
     out = []
     have = {int(r.config.get("seed", 0)): r for r in replays if r.arm == "removal-group"}
     missing = [f"removal-group replay seed {s}" for s in replayed

@@ -494,8 +494,8 @@ def eq19_figure(sc: pd.DataFrame, title: str, ax=None, frame: float | None = Non
     :func:`mcpg.grpo.slate_diagnostics.slate_credit`. Corollary 3 puts the circles on the diagonal.
 
     ``frame``: the credit axis is cut at ±``frame`` and the credits beyond it are counted in a
-    note (their value is ``(G − mu_hat) / p`` of a deployed candidate the router rarely picks,
-    a heavy tail that would squash every other point); None shows every credit."""
+    note (Eq. 19 divides a deployed reward by its propensity, so a rarely drawn candidate's
+    reward gives a heavy tail that would squash every other point); None shows every credit."""
     import matplotlib.pyplot as plt
 
     from ..plotting import METHOD_COLORS

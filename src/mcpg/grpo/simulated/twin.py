@@ -6,7 +6,7 @@ chapter 8 has it (K, m, prompts per update, updates, the router's ε and τ, gra
 and the rest fitted so that its untrained pool matches chapter 8's first rollout on the
 measures of :mod:`mcpg.grpo.slate_measures`:
 
-- agents right by competence on questions of shared difficulty (:class:`~.pool.Competence`),
+- agents right by competence on questions of shared difficulty (:class:`~mcpg.grpo.simulated.Competence`),
   with each agent's skill fitted to its first-rollout accuracy, the spread of difficulty and
   the share of unsolvable questions to the agents' rightness correlation and the share of
   groups with no right candidate, and a cut outcome to the share of cut answers
@@ -78,7 +78,7 @@ def competence_expectations(cfg: SimConfig, nodes: int = 40) -> dict:
     ``init_noise`` and specialty bonus.
 
     Given a solvable question's difficulty d and agent k's own e_k, agent k's m completions are
-    each right with ``π_k(d + e_k)`` (the softmax of :class:`~.pool.Competence`'s logits),
+    each right with ``π_k(d + e_k)`` (the softmax of :class:`~mcpg.grpo.simulated.Competence`'s logits),
     independently; ``q_k(d) = E_e π_k`` is its chance on one slate, and the agents are
     independent given d. An unsolvable question (share u) has no right answer. So with
     ``a_k = (1 − u) E[π_k]``, two agents' rightness on one slate has covariance
@@ -137,7 +137,7 @@ def competence_expectations(cfg: SimConfig, nodes: int = 40) -> dict:
 
 
 def fit_competence(targets: dict, cfg: SimConfig) -> SimConfig:
-    """``cfg`` with a :class:`~.pool.Competence` (each agent's skill, the spreads of the shared
+    """``cfg`` with a :class:`~mcpg.grpo.simulated.Competence` (each agent's skill, the spreads of the shared
     and the agent's own difficulty, the cut logit) and an ``unsolvable`` share fitted so that
     its untrained pool's
     :data:`MATCHED` measures (:func:`competence_expectations`, exact) come as close as they can
