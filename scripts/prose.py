@@ -26,7 +26,7 @@ ABBREVIATIONS = ("e.g.", "i.e.", "Eq.", "Eqs.", "Prop.", "Props.", "cf.", "vs.",
 ROLE = re.compile(r"\{([\w:-]+)\}`([^`]*)`")
 MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$")
 LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
-WORD = re.compile(r"[\w'’+\-−.,%/×≤≥<>=]+")
+WORD = re.compile(r"[\w'’+\-−.,%/×≤≥<>=]*[\w%][\w'’+\-−.,%/×≤≥<>=]*")  # with a letter, digit or %
 END = re.compile(r"(?<=[.!?])[)\"'”*_]*\s+(?=[A-Z0-9(\[`*_\"“])")
 
 
