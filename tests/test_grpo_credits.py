@@ -117,3 +117,76 @@ def test_the_exact_budget_rule():
     with pytest.raises(ValueError, match="an exact budget corrects the removal signal only"):
         route_and_credit("wta", p, P, mu, R, np.random.default_rng(0), budget=ExactBudget(0.5),
                          budget_rng=np.random.default_rng(1))
+
+
+# team: the shared team reward, added by one registration (the registry's proof)
+# -------------------------------------------------------------------------------
+def test_team_is_registered_as_a_filtered_feedback_signal():
+    s = credits.get("team")
+    assert (s.all_rewards, s.exact_budget, s.before_draw, s.paper) == (False, False, False, False)
+    assert "team" not in credits.SIGNALS and "team" not in METHODS  # the book's arms are unchanged
+
+
+@settings(max_examples=60, deadline=None)
+@given(slates())
+def test_team_credits_every_agent_with_the_deployed_reward(rollout):
+    """Its definition: every agent i gets R(S) = G = R^(I) on each slate."""
+    I, G, p, P, mu, R = rollout  # noqa: E741 (the paper's name)
+    got = credit("team", I, G, p, P, mu, rewards_all=R)
+    np.testing.assert_array_equal(got, np.broadcast_to(G[..., None], p.shape))
+    assert got.dtype == float and got.flags.writeable
+    # the unselected rewards are never read (filtered feedback)
+    np.testing.assert_array_equal(credit("team", I, G, p, P, mu, rewards_all=1 - R), got)
+
+
+def test_team_trains_the_simulated_pool():
+    from mcpg.grpo import simulated as sim
+
+    cfg = sim.SimConfig(updates=4, prompts_per_update=8, eval_questions=50, eval_every=2)
+    run = sim.train_pool(cfg, "team", seeds=(0, 1), keep_slates=2)
+    assert run.method == "team"
+    for sl in run.slates:  # the loop credits each agent with G on every slate
+        G = np.take_along_axis(sl["R"], sl["I"][..., None], -1)
+        np.testing.assert_array_equal(sl["score"], np.broadcast_to(G, sl["score"].shape))
+    assert np.isfinite(run.logits).all()
+    assert not np.allclose(run.logits[:, -1], run.logits[:, 0])  # the actors were updated
+    wta = sim.train_pool(cfg, "wta", seeds=(0, 1))
+    assert not np.array_equal(run.logits[:, -1], wta.logits[:, -1])  # a credit of its own
+
+
+@pytest.fixture
+def hashed_rewards(monkeypatch):
+    """A random model is never right, so every credit would be 0: reward each completion by a
+    hash of its text (deterministic, about half of them right), so the team reward varies."""
+    import zlib
+
+    import mcpg.grpo.train as train_module
+
+    def hashed(text, gold, truncated=False):
+        return float(zlib.crc32(text.encode()) % 2)
+
+    monkeypatch.setattr(train_module, "reward", hashed)
+
+
+def test_team_trains_the_llm_engine(tmp_path, monkeypatch, hashed_rewards, one_torch_thread):
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from mcpg.grpo.train import train
+
+    monkeypatch.setenv("MCPG_GSM8K_DIR", str(Path(__file__).parent / "fixtures" / "gsm8k"))
+    run = tmp_path / "team"
+    train("tiny-random", "team", run, updates=2)
+    assert json.loads((run / "config.json").read_text())["signal"] == "team"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["signal"] == "team" for r in rows)
+    for r in rows:  # each agent's mean credit is the mean deployed reward
+        np.testing.assert_allclose(r["credit_mean"], [r["reward"]] * len(r["credit_mean"]))
+    slates_log = [json.loads(line) for line in (run / "slates.jsonl").read_text().splitlines()]
+    assert any(0 < np.mean(s["G"]) < 1 for s in slates_log)  # the team reward varies
+    for s in slates_log:
+        np.testing.assert_array_equal(s["score"], [[g] * len(sc) for g, sc in zip(s["G"], s["score"])])
+    trained = [load_file(str(f)) for f in sorted((run / "adapters").glob("*/adapter_model.safetensors"))]
+    assert trained and any(t.abs().max() > 0 for w in trained for k, t in w.items() if "lora_B" in k)

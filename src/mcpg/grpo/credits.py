@@ -147,6 +147,15 @@ def oracle(selected, reward, p, P, mu_hat, rewards_all) -> np.ndarray:
     return routing.removal_contributions(rewards_all, p, as_array(P, "P"))
 
 
+@register("team")
+def team(selected, reward, p, P, mu_hat, rewards_all) -> np.ndarray:
+    """The shared team reward: every agent is credited with the deployed answer's reward
+    ``R(S) = G = R^(I)``, the credit of MAGRPO-style multi-agent GRPO (most multi-agent LLM
+    systems): no credit assignment at all, a baseline beside the removal contribution (Eq. 19)."""
+    _deployed_shape(reward, p)
+    return np.repeat(reward[..., None], p.shape[-1], axis=-1)
+
+
 SIGNALS: tuple[str, ...] = tuple(s.name for s in _REGISTRY.values() if s.paper)
 """The paper's three signals (winner-take-all, Eq. (19)'s removal, the oracle), which the book compares;
 :func:`names` lists every registered signal."""
