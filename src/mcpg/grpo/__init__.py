@@ -12,6 +12,8 @@ Read in this order (each file is one idea):
 - :mod:`mcpg.grpo.gsm8k`: problems, gold answers, answer extraction, keyword specialties;
 - :mod:`mcpg.grpo.objective`: ``credit``, ``group_standardize``, ``clipped_grpo_loss``
   (numpy + torch only; the simulated pool of chapter 7 uses it too);
+- :mod:`mcpg.grpo.credits`: the credit signals, one function and one registration each, with the
+  flags the engine reads (every candidate's reward, an exact budget, fixed before the draw);
 - :mod:`mcpg.grpo.models`: base models (``tiny-random``, SmolLM2 online or from GGUF, hub ids);
 - :mod:`mcpg.grpo.agents`: the K LoRA agents, mixed-adapter generation and log-probabilities;
 - :mod:`mcpg.grpo.router`: features of (question, candidate) and the router/outcome MLP;

@@ -222,7 +222,7 @@ def _convert(option: str, key: str, raw: str):
 
 def build_parser() -> argparse.ArgumentParser:
     from .configs import CONFIGS
-    from .objective import SIGNALS
+    from .credits import names
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="python -m mcpg.grpo", description=__doc__.split("\n\n")[0],
@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXAMPLES, formatter_class=fmt)
     t.add_argument("--config", help=f"a named config {sorted(CONFIGS)} or a JSON file "
                    "(not needed with --resume, which continues with the run's own config.json)")
-    t.add_argument("--signal", help=f"credit signal: one of {list(SIGNALS)} (config key signal; needed "
+    t.add_argument("--signal", help=f"credit signal: one of {list(names())} (config key signal; needed "
                    "unless the config or, with --resume, the run has one)")
     t.add_argument("--output", required=True, help="run directory (new, or an interrupted run with --resume)")
     t.add_argument("--updates", type=int, default=None, help="total updates (overrides the config)")

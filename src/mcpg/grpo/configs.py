@@ -88,7 +88,8 @@ class GRPOConfig(Mapping):
     """a label, written into the run directory (TRL's run_name names one run for a tracker;
     this names the config, shared by every seed of it)."""
     signal: str | None = None
-    """the credit signal, wta | removal | oracle; None — chosen by train's signal argument
+    """the credit signal, wta | removal | oracle or another registered one (:mod:`mcpg.grpo.credits`);
+    None — chosen by train's signal argument
     (:func:`mcpg.grpo.train.train`, ``--signal``; not a TRL key)."""
     model: str = "smollm2-135m"
     """the base model, a hub id, a folder, tiny-random or smollm2-135m (mcpg.grpo.models.load_base's
@@ -280,7 +281,9 @@ class GRPOConfig(Mapping):
         otherwise, and when neither chooses one."""
         if signal is None:
             if self.signal is None:
-                raise ValueError("no signal: give one (signal argument, --signal) of wta, removal, oracle, "
+                from .credits import names
+
+                raise ValueError(f"no signal: give one (signal argument, --signal) of {', '.join(names())}, "
                                  "or set config key 'signal'")
             return self
         if self.signal is not None and signal != self.signal:
@@ -474,7 +477,8 @@ def check_config(cfg) -> GRPOConfig:
 
 def _check(cfg: GRPOConfig) -> None:
     """The checks of :class:`GRPOConfig` (a ValueError naming the key)."""
-    from .objective import LOSS_TYPES, SIGNALS
+    from . import credits
+    from .objective import LOSS_TYPES
 
     for key in ("updates", "prompts_per_update", "completions_per_agent", "max_completion_length",
                 "eval_max_new_tokens", "lora_r", "lora_alpha", "num_iterations", "router_hidden",
@@ -503,8 +507,9 @@ def _check(cfg: GRPOConfig) -> None:
             or not 0 < cfg.router_eps <= 1):
         raise ValueError("config key 'router_eps' must lie in (0, 1] (Eq. 19 divides by p_j), "
                          f"got {cfg.router_eps!r}")
-    if cfg.signal is not None and cfg.signal not in SIGNALS:
-        raise ValueError(f"config key 'signal': the signal must be one of {SIGNALS}, got {cfg.signal!r}")
+    if cfg.signal is not None and cfg.signal not in credits.names():
+        raise ValueError(f"config key 'signal': the signal must be one of {credits.names()}, "
+                         f"got {cfg.signal!r}")
     if cfg.task not in ("gsm8k", "arithmetic"):
         raise ValueError(f"config key 'task' must be 'gsm8k' or 'arithmetic', got {cfg.task!r}")
     if cfg.router_features not in ("calculation", "basic"):
@@ -516,9 +521,7 @@ def _check(cfg: GRPOConfig) -> None:
     if (isinstance(cfg.exact_budget, bool) or not isinstance(cfg.exact_budget, (int, float))
             or not 0 <= cfg.exact_budget <= 1):
         raise ValueError(f"config key 'exact_budget' must lie in [0, 1], got {cfg.exact_budget!r}")
-    if cfg.exact_budget and cfg.signal not in (None, "removal"):  # None: the signal is chosen later
-        raise ValueError(f"config key 'exact_budget' corrects the removal signal only, "
-                         f"got signal {cfg.signal!r}")
+    credits.check_exact_budget(cfg.signal, cfg.exact_budget)  # signal None: it is chosen later
     from ..allocation import ALLOCATIONS
 
     if cfg.allocation not in ALLOCATIONS:

@@ -15,6 +15,10 @@ candidate ``I`` and its reward ``G = R^(I)``. This module turns them into a loss
    - ``"oracle"``: a diagnostic that is *not* available under filtered feedback: the exact
      removal contribution with ``g_j = R^(j)``, every candidate's own reward.
 
+   Each signal is one function and one registration in :mod:`mcpg.grpo.credits`, with the flags
+   the engine reads (every candidate's reward, an exact budget, fixed before the router's draw);
+   :func:`credit` calls it by name.
+
    :func:`budgeted_removal` is removal with exact evaluations on a budget (paper §7 inside
    the loop; chapter 9): a share of the slates, drawn by Eq. (22)'s allocation, get every
    candidate's reward queried, and the credit is Eq. (21)'s corrected estimate. Budget 0 is
@@ -45,12 +49,14 @@ alignment and by-outcome tables) is analysis, not training: :mod:`mcpg.grpo.slat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from .. import allocation, routing
+from . import credits
+from .credits import as_array as _np
 
 __all__ = [
     "SIGNALS",
@@ -70,8 +76,9 @@ __all__ = [
     "clipped_grpo_loss",
 ]
 
-SIGNALS: tuple[str, ...] = ("wta", "removal", "oracle")
-"""The credit signals that :func:`credit` knows."""
+SIGNALS: tuple[str, ...] = credits.SIGNALS
+"""The paper's three credit signals, read from the registry (:data:`mcpg.grpo.credits.SIGNALS`);
+:func:`mcpg.grpo.credits.names` lists every signal :func:`credit` knows."""
 
 LOSS_TYPES: tuple[str, ...] = ("dapo", "bnpo", "grpo", "dr_grpo")
 """Token aggregations of :func:`clipped_grpo_loss`, named as TRL's ``GRPOConfig.loss_type``."""
@@ -83,17 +90,8 @@ ADVANTAGE_EPS: float = 1e-4
 """Added to the group standard deviation before dividing (TRL's ``GRPOTrainer`` constant)."""
 
 
-def _np(x, name: str) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    arr = np.asarray(x)
-    if arr.dtype.kind == "f" and np.isnan(arr).any():
-        raise ValueError(f"{name} contains NaN")
-    return arr
-
-
 def credit(
-    signal: Literal["wta", "removal", "oracle"],
+    signal: str,
     selected,
     reward,
     p,
@@ -104,47 +102,46 @@ def credit(
     """Per-agent credit scores of one routed rollout (paper §8, "Task and signal").
 
     Args:
-        signal: ``"wta"`` (``1{I=i} G``, Theorem 1), ``"removal"`` (Eq. 19: doubly robust
-            removal contribution from selected feedback), or ``"oracle"`` (exact removal
+        signal: a registered credit signal (:mod:`mcpg.grpo.credits`): the paper's ``"wta"``
+            (``1{I=i} G``, Theorem 1), ``"removal"`` (Eq. 19: doubly robust removal
+            contribution from selected feedback, Corollary 3), ``"oracle"`` (exact removal
             contribution ``sum_j p_j R^(j) - sum_{j != i} p^{-i}_j R^(j)`` using every
-            candidate's reward; a full-feedback diagnostic).
+            candidate's reward; a full-feedback diagnostic), or another registered one.
         selected: index I of the deployed candidate, ints of shape ``(...)``.
         reward: the deployed reward ``G = R^(I)``, shape ``(...)``.
         p: logged router propensities (Eq. 3), shape ``(..., K)``.
         P: leave-one-out propensities, shape ``(..., K, K)``.
         mu_hat: outcome model ``sigmoid(s_j)``, shape ``(..., K)``; used by ``"removal"``.
-        rewards_all: every candidate's reward ``R^(j)``, shape ``(..., K)``; needed by
-            ``"oracle"`` only (and checked against ``reward`` there).
+        rewards_all: every candidate's reward ``R^(j)``, shape ``(..., K)``; read only by the
+            signals registered with ``all_rewards`` (``"oracle"``), and checked against
+            ``reward`` there.
 
     Returns:
         float array of shape ``(..., K)``: agent i's score on each slate.
 
-    Numpy or torch inputs are accepted; the result is numpy.
+    Numpy or torch inputs are accepted; the result is numpy. The signal's function receives
+    only what its registration declares: ``rewards_all`` with ``all_rewards``, neither I nor G
+    with ``before_draw``.
     """
-    if signal not in SIGNALS:
-        raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
+    spec = credits.get(signal)
     selected = _np(selected, "selected")
     reward = _np(reward, "reward").astype(float)
     p = _np(p, "p").astype(float)
     if p.ndim == 0:
         raise ValueError("p must have the K candidates on its last axis")
-    K = p.shape[-1]
-    if signal == "wta":
-        if reward.shape != p.shape[:-1]:
-            raise ValueError(f"reward must have shape {p.shape[:-1]}, got {reward.shape}")
-        return routing.winner_take_all_scores(selected, reward, K)
-    if signal == "removal":
-        return routing.dr_removal_contributions(selected, reward, p, _np(P, "P"), _np(mu_hat, "mu_hat"))
-    # oracle
-    if rewards_all is None:
-        raise ValueError("rewards_all is required by signal 'oracle' (every candidate's reward R^(j))")
-    R = _np(rewards_all, "rewards_all").astype(float)
-    if R.shape != p.shape:
-        raise ValueError(f"rewards_all must have shape {p.shape}, got {R.shape}")
-    sel = np.asarray(selected).astype(int)
-    if not np.allclose(np.take_along_axis(R, sel[..., None], axis=-1)[..., 0], reward):
-        raise ValueError("reward must equal rewards_all at the selected candidate (G = R^(I))")
-    return routing.removal_contributions(R, p, _np(P, "P"))
+    R = None
+    if spec.all_rewards:
+        if rewards_all is None:
+            raise ValueError(f"rewards_all is required by signal {signal!r} (every candidate's reward R^(j))")
+        R = _np(rewards_all, "rewards_all").astype(float)
+        if R.shape != p.shape:
+            raise ValueError(f"rewards_all must have shape {p.shape}, got {R.shape}")
+        sel = np.asarray(selected).astype(int)
+        if not np.allclose(np.take_along_axis(R, sel[..., None], axis=-1)[..., 0], reward):
+            raise ValueError("reward must equal rewards_all at the selected candidate (G = R^(I))")
+    if spec.before_draw:
+        selected = reward = None
+    return spec.fn(selected, reward, p, P, mu_hat, R)
 
 
 def _groups(scores, axis: int) -> tuple[torch.Tensor, bool]:
@@ -381,7 +378,7 @@ class RoutedCredit:
 
 
 def route_and_credit(
-    signal: Literal["wta", "removal", "oracle"],
+    signal: str,
     p,
     P,
     mu_hat,
@@ -397,23 +394,25 @@ def route_and_credit(
 
     1. draw the deployed candidate ``I ~ p`` on every slate (Eq. 3's propensities, logged);
     2. feed back only ``G = R^(I)`` (filtered feedback);
-    3. score each agent with ``signal`` (:func:`credit`; only ``"oracle"`` reads all of R);
+    3. score each agent with ``signal`` (:func:`credit`; only a signal registered with
+       ``all_rewards``, the oracle, reads all of R);
     4. form per-agent group advantages over the m slates of a prompt (:func:`group_advantages`).
 
     Args:
-        signal: one of :data:`SIGNALS`.
+        signal: a registered signal (:func:`mcpg.grpo.credits.names`).
         p: propensities ``(..., m, K)``; P: leave-one-out propensities ``(..., m, K, K)``;
             mu_hat: the outcome model ``(..., m, K)``.
         rewards_all: every candidate's reward ``R^(j)``, ``(..., m, K)``. The loop needs it to
-            look up ``G = R^(I)``; the signals other than ``"oracle"`` never see the rest.
+            look up ``G = R^(I)``; only the signals registered with ``all_rewards`` see the rest.
         rng: a generator, or a sequence of generators, one per index of the first axis (the
             simulated pool runs independent seeds side by side).
         scale_rewards, advantage_eps: TRL's advantage scaling (:data:`SCALE_REWARDS`, ``1e-4``);
             ``"batch"`` reads the prompts on axis -3 (``(..., B, m, K)``: the batch of one seed).
-        budget, budget_rng: for ``"removal"`` only, exact evaluations on a budget
-            (:func:`budgeted_removal`): an :class:`mcpg.allocation.ExactBudget` and its own
-            generator, or one of each per index of the first axis, like ``rng``. None: Eq. (19)
-            alone.
+        budget, budget_rng: for a signal registered with ``exact_budget`` only (``"removal"``),
+            exact evaluations on a budget (:func:`budgeted_removal`;
+            :func:`mcpg.grpo.credits.exact_budget` says when a run has one): an
+            :class:`mcpg.allocation.ExactBudget` and its own generator, or one of each per index of
+            the first axis, like ``rng``. None: Eq. (19) alone.
         leverage: the gradient leverage ‖Ψ_i‖ of each completion, ``(..., m, K)``; needed by
             a budget of rule ``"leverage"`` only.
 
@@ -435,9 +434,9 @@ def route_and_credit(
     G = np.take_along_axis(R, I[..., None], axis=-1)[..., 0]
     exact = None
     if budget is None:
-        scores = credit(signal, I, G, p, P, mu_hat, rewards_all=R if signal == "oracle" else None)
-    elif signal != "removal":
-        raise ValueError(f"an exact budget corrects the removal signal only, got signal {signal!r}")
+        scores = credit(signal, I, G, p, P, mu_hat, rewards_all=R)  # read only where registered so
+    elif not credits.get(signal).exact_budget:  # a budget given at all, even of share 0
+        credits.check_exact_budget(signal, 1.0, what="an exact budget")
     elif isinstance(budget, allocation.ExactBudget):
         if not isinstance(budget_rng, np.random.Generator):
             raise ValueError("budget_rng must be a numpy Generator when budget is one ExactBudget")

@@ -39,13 +39,12 @@ import numpy as np
 import pandas as pd
 
 from ..stats import roc_auc
-from .objective import ADVANTAGE_EPS, credit
+from .objective import ADVANTAGE_EPS, SIGNALS, credit
 from .rundir import Run
 from .slate_diagnostics import advantage_moments, group_alignment
 
 __all__ = ["MEASURES", "slate_measures", "run_measures", "grid_measures", "first_rollout"]
 
-SIGNALS = ("wta", "removal", "oracle")
 SCALINGS = ("group", "none")
 
 MEASURES: dict[str, str] = {

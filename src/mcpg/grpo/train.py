@@ -12,7 +12,8 @@ One update, top to bottom (:func:`train`):
 3. **Routing.** The current router scores every candidate (``s_j``), gives the propensities
    of Eq. (3) and the outcome estimates ``mu_hat_j = sigmoid(s_j)``; it draws the deployed
    candidate ``I ~ p`` and only ``G = R^(I)`` is fed back (filtered feedback).
-4. **Credit.** The signal scores each agent on each slate (:func:`mcpg.grpo.objective.credit`):
+4. **Credit.** The signal scores each agent on each slate (:func:`mcpg.grpo.objective.credit`;
+   the signals are registered in :mod:`mcpg.grpo.credits`):
    ``wta`` = ``1{I=i} G``; ``removal`` = Eq. (19) with the logged propensities; ``oracle``
    (diagnostic) = exact removal contribution with every candidate's reward. With
    ``exact_budget`` > 0, removal evaluates a share of the slates exactly, chosen by Eq. (22)
@@ -61,7 +62,7 @@ agent order). Like TRL's "logged metrics", every key is listed here:
 key                             meaning
 =============================== ==================================================================
 ``update``                      the update's number (1, 2, ...)
-``signal``                      ``wta``, ``removal`` or ``oracle``
+``signal``                      ``wta``, ``removal``, ``oracle`` (or another registered signal)
 ``reward``                      mean deployed reward G = R^(I) of the rollout (what the system earned)
 ``agent_accuracy``              per agent: mean R^(i) of its sampled completions
 ``oracle``                      share of slates where some candidate is right
@@ -178,9 +179,8 @@ import numpy as np
 import torch
 
 from .. import routing
-from ..allocation import ExactBudget
 from ..stats import roc_auc, within_slate_auc
-from . import custom, rundir
+from . import credits, custom, rundir
 from ._report import MetricsReport, check_available
 from ._runtime import Dist, rng_state, set_rng_state, write_json
 from .agents import BASE, AgentPool, AgentSpec, Rollout
@@ -532,12 +532,11 @@ class Engine:
         random.seed(seed + self.dist.rank)
         self.data_rng = np.random.default_rng([seed, 1])  # same in every process: which problems
         self.select_rng = np.random.default_rng([seed, 2, self.dist.rank])  # the router's draws I
-        # exact evaluations on a budget (removal only): their own draws Z, so budget 0 changes nothing
-        self.budget = ExactBudget(cfg.exact_budget, cfg.allocation) if signal == "removal" else None
+        # exact evaluations on a budget (removal only; the registry's rule): their own draws Z
+        self.budget = credits.exact_budget(signal, cfg.exact_budget, cfg.allocation)
         self.budget_rng = np.random.default_rng([seed, 3, self.dist.rank])
         # allocation "leverage" reads each completion's gradient leverage off the rollout
-        self._leverage_rule = bool(self.budget is not None and cfg.exact_budget > 0
-                                   and cfg.allocation == "leverage")
+        self._leverage_rule = self.budget is not None and self.budget.rule == "leverage"
 
         if data is None:
             data = load_problems(cfg, load_train)
@@ -676,7 +675,8 @@ class Engine:
         p, P, mu = route["p"], route["P"], route["mu_hat"]
         # 4-6. route_and_credit, the function the simulated pool of chapter 7 calls too:
         #    4. filtered feedback: draw the deployed candidate I ~ p; only G = R^(I) is fed back;
-        #    5. credit: wta 1{I=i} G, removal Eq. (19), oracle (reads every R); removal on an
+        #    5. credit (a signal of mcpg.grpo.credits): wta 1{I=i} G, removal Eq. (19), oracle
+        #       (reads every R); removal on an
         #       exact budget evaluates the slates Eq. (22) draws and credits Eq. (21) (chapter 9);
         #    6. advantages: each agent's scores within its group of m completions of one problem
         lev = self._leverage(roll, slates) if self._leverage_rule else None
@@ -1215,7 +1215,8 @@ def train(
             file, a dict or a :class:`~mcpg.grpo.configs.GRPOConfig` (see :mod:`mcpg.grpo.configs`).
             On ``resume`` it may be None (the run's ``config.json`` is used); one that is given is
             checked against it.
-        signal: ``wta``, ``removal`` or ``oracle``; None: the config's key ``signal``. A config
+        signal: a registered signal (:mod:`mcpg.grpo.credits`: ``wta``, ``removal``, ``oracle``, ...);
+            None: the config's key ``signal``. A config
             that has a signal must agree with this one (:meth:`mcpg.grpo.configs.GRPOConfig.with_signal`); on
             ``resume`` it must be the run's.
         output: the run directory: new or empty, or a run to resume.

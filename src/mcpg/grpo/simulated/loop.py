@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ... import allocation, routing
+from .. import credits
 from ..objective import clipped_grpo_loss, route_and_credit, zero_std_groups
 from .pool import (
     DIAGNOSTIC_KEYS,
@@ -309,7 +310,8 @@ def train_pool(cfg: SimConfig, method: str, seeds: Sequence[int] | int = (0,),
 
     Args:
         cfg: the environment and the training hyperparameters.
-        method: ``"frozen"``, ``"wta"``, ``"removal"`` or ``"oracle"`` (``METHODS``).
+        method: ``"frozen"`` or a registered credit signal (:func:`mcpg.grpo.credits.names`:
+            ``"wta"``, ``"removal"``, ``"oracle"``, ...).
         seeds: seeds of the independent runs, trained together as a batch.
         keep_slates: keep the slates of the first this many updates (``SimRun.slates``), as
             the LLM engine logs them, for :mod:`mcpg.grpo.slate_measures`.
@@ -359,8 +361,10 @@ def _train(cfg: SimConfig, method: str, seeds: list[int], keep_slates: int = 0) 
     by_type = {k: np.full((S, len(ckpts), T), np.nan) for k in ("accuracy", "oracle", "distinct")}
     logit_snap = np.zeros((S, len(ckpts), K, T, M))
     router_snap = np.zeros((S, len(ckpts), cfg.n_features))
-    budgeted = method == "removal" and cfg.exact_budget > 0
-    budgets = [allocation.ExactBudget(cfg.exact_budget, cfg.allocation) for _ in seeds] if budgeted else None
+    signal = "wta" if method == "frozen" else method  # frozen: routed alike, no actor update
+    budgets = [credits.exact_budget(signal, cfg.exact_budget, cfg.allocation) for _ in seeds]  # the one rule
+    budgeted = budgets[0] is not None
+    budgets = budgets if budgeted else None
     budget_rngs = [np.random.default_rng([s, 4]) for s in seeds] if budgeted else None  # the draws Z
     exact_keys = ("slates", "evaluations", "cost", "risk", "risk_uniform", "risk_bound", "risk_removal",
                   "loss")
@@ -409,7 +413,6 @@ def _train(cfg: SimConfig, method: str, seeds: list[int], keep_slates: int = 0) 
         mu_hat = 1.0 / (1.0 + np.exp(-s_np))
 
         # 4. draw I ~ p, feed back G = R^(I), credit each agent, per-agent group advantages
-        signal = "wta" if method == "frozen" else method  # frozen: routed alike, no actor update
         lev = score_norms(pi_q, actions) if budgeted and cfg.allocation == "leverage" else None
         step = route_and_credit(
             signal, p, P, mu_hat, R, rngs, scale_rewards=cfg.scale_rewards, advantage_eps=cfg.advantage_eps,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ...stats import EVAL_KEYS, SPECIALTIES
+from .. import credits
 from ..objective import SCALE_REWARDS
 
 __all__ = [
@@ -30,8 +31,10 @@ __all__ = [
     "router_beliefs",
 ]
 
-METHODS: tuple[str, ...] = ("frozen", "wta", "removal", "oracle")
-"""The training methods, ``frozen`` (no actor update) and the three credit signals of §8."""
+METHODS: tuple[str, ...] = ("frozen",) + credits.SIGNALS
+"""The arms the book compares: ``frozen`` (no actor update) and the paper's three credit signals of §8
+(read from the registry, :data:`mcpg.grpo.credits.SIGNALS`). :func:`~mcpg.grpo.simulated.train_pool`
+trains any registered signal (:func:`mcpg.grpo.credits.names`)."""
 
 SAMPLED_KEYS: tuple[str, ...] = tuple(f"sampled_{k}" for k in EVAL_KEYS)
 """The same six diagnostics when each agent *samples* its answer at evaluation (``sampled_accuracy``, ...)."""
@@ -145,9 +148,10 @@ class SimConfig:
         router_lr, router_steps: Adam on the router after each actor update.
         eval_questions: held-out questions per seed.
         eval_every: evaluate every this many updates (and at 0 and at the end).
-        exact_budget: method ``removal`` only: the expected share of slates evaluated exactly
-            and credited by Eq. (21) (:func:`~mcpg.grpo.objective.budgeted_removal`; chapter 9);
-            0 (the default) is Eq. (19) alone.
+        exact_budget: the signals that take one only (``removal``, by
+            :func:`mcpg.grpo.credits.exact_budget`; the other arms ignore it): the expected share
+            of slates evaluated exactly and credited by Eq. (21)
+            (:func:`~mcpg.grpo.objective.budgeted_removal`; chapter 9); 0 (the default) is Eq. (19) alone.
         allocation: which slates get the budget: ``"sqrt"`` (Eq. 22), ``"uniform"``,
             ``"proportional"`` or ``"leverage"`` (Eq. 22 before the draw, on the exact score
             norms, p = 0 allowed) (:data:`mcpg.allocation.ALLOCATIONS`).
@@ -326,8 +330,8 @@ def _positive_int(v, name: str, allow_zero: bool = False) -> None:
 
 
 def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "frozen" and method not in credits.names():
+        raise ValueError(f"method must be 'frozen' or a registered signal {credits.names()}, got {method!r}")
 
 
 def _check_seeds(seeds) -> list[int]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import routing, stats
-from ..objective import ADVANTAGE_EPS, credit, group_advantages
+from ..objective import ADVANTAGE_EPS, SIGNALS, credit, group_advantages
 from ..slate_diagnostics import advantage_moments, expected_advantages, group_alignment
 from .pool import (
     SimConfig,
@@ -65,7 +65,7 @@ def _probe(cfg: SimConfig, type_index: int, others, n: int, rng: np.random.Gener
     I = routing.sample_selection(p, rng)  # noqa: E741 (the paper's name)
     G = np.take_along_axis(R, I[..., None], -1)[..., 0]
     scores = {
-        signal: credit(signal, I, G, p, P, mu, rewards_all=R) for signal in ("wta", "removal", "oracle")
+        signal: credit(signal, I, G, p, P, mu, rewards_all=R) for signal in SIGNALS
     }
     return actions[..., agent], z, scores
 
@@ -170,7 +170,7 @@ def group_diagnostics(p, P, mu_hat, rewards_all, eps: float = ADVANTAGE_EPS) -> 
     R = np.asarray(rewards_all, dtype=float)
     # each signal and scaling's draws are enumerated once, for E[A] and the alignment both
     moments = {(s, sc): advantage_moments(s, p, P, mu, R, sc, eps)
-               for s in ("wta", "removal", "oracle") for sc in ("group", "none")}
+               for s in SIGNALS for sc in ("group", "none")}
     ea = {sc: moments["removal", sc][0] for sc in ("group", "none")}
     none_right = R.max(axis=(-2, -1)) == 0
     sel = np.broadcast_to(none_right[..., None, None], R.shape)
