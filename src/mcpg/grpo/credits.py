@@ -23,7 +23,8 @@ declares; the LLM engine (:mod:`mcpg.grpo.train`), the config check and the simu
 chapter 7 (:mod:`mcpg.grpo.simulated`) read the flags here. Adding a signal is one function with
 ``@register`` in this module, and its tests.
 
-This module depends on numpy, :mod:`mcpg.routing` and :mod:`mcpg.allocation` only.
+This module depends on numpy (and torch, whose tensors it accepts), :mod:`mcpg.routing` and
+:mod:`mcpg.allocation` only.
 """
 
 from __future__ import annotations
