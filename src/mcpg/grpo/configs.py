@@ -61,7 +61,7 @@ DEFAULT_AGENTS = [
      "role": ("You are a careful solver who specialises in problems about"
                " lengths, areas, distances and shapes.")},
 ]
-"""The agents of the book's GSM8K set-up: three specialists by keyword class."""
+"""The agents of the book's GSM8K set-up, three specialists by keyword class."""
 
 DATASET_AGENTS = [
     {"name": f"agent{i}", "role": "You are a helpful assistant.", "temperature": t, "specialty": None}
@@ -143,9 +143,10 @@ class GRPOConfig(Mapping):
     learning_rate: float = 5e-5
     """AdamW learning rate of the LoRA parameters (TRL's learning_rate), scheduled by lr_scheduler_type."""
     lr_scheduler_type: str = "constant"
-    """constant | linear | cosine | cosine_with_restarts | polynomial: transformers' schedule of the
-    learning rate over the run's updates x num_iterations optimizer steps, no warmup (TRL's
-    lr_scheduler_type, whose default is linear; constant here, what every recorded run used)."""
+    """transformers' schedule of the learning rate (``constant``, ``linear``, ``cosine``,
+    ``cosine_with_restarts`` or ``polynomial``) over the run's updates x num_iterations optimizer
+    steps, no warmup (TRL's lr_scheduler_type, whose default is linear; constant here, what every
+    recorded run used)."""
     weight_decay: float = 0.0
     """AdamW weight decay (TRL's weight_decay)."""
     max_grad_norm: float | None = 1.0
@@ -345,7 +346,7 @@ TRL_KEYS: dict[str, tuple[str, str]] = {
 }
 """TRL's names (``GRPOConfig``, ``TrainingArguments``, ``ModelConfig``) that are no key here: the
 key that plays their part and how its meaning differs, what an unknown key says instead of a
-close spelling (:func:`_refuse_unknown`; the command line's ``--num_generations`` too)."""
+close spelling (``_refuse_unknown``; the command line's ``--num_generations`` too)."""
 
 
 def trl_equivalent(key: str) -> str | None:

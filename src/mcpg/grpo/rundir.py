@@ -219,7 +219,7 @@ class RunWriter:
                                           "processes": processes, **recorded})
 
     def model_cards(self, agents: list[dict], instruction: str, base_model: str, **run) -> None:
-        """Each agent's :func:`model_card` as ``adapters/<name>/README.md`` (replacing peft's
+        """Each agent's ``model_card`` as ``adapters/<name>/README.md`` (replacing peft's
         template), with this run's provenance from ``PROVENANCE.json``."""
         path = self.folder / PROVENANCE
         prov = json.loads(path.read_text()) if path.is_file() else {}

@@ -270,7 +270,7 @@ class SimConfig:
 
     @property
     def n_answers(self) -> int:
-        """M, the agents' actions: the candidate answers, or the competence's outcomes."""
+        """The number M of the agents' actions (the candidate answers, or the competence's outcomes)."""
         return self.competence.n_actions if self.competence is not None else len(self.answer_probs[0])
 
     @property

@@ -14,7 +14,7 @@ measures of :mod:`mcpg.grpo.slate_measures`:
 - the router's check (``check_flip``) to the outcome model's AUC over training, and the
   agents' learning rate to winner-take-all's training accuracy (:func:`fit_scalar`);
 
-then :data:`ABLATIONS` moves one variable at a time back to chapter 7's default
+then ``ABLATIONS`` moves one variable at a time back to chapter 7's default
 (:func:`ablation`).
 """
 
@@ -72,7 +72,7 @@ def training_measures(cfg: SimConfig, method: str, seeds=range(8), alignment: bo
 
 
 def competence_expectations(cfg: SimConfig, nodes: int = 40) -> dict:
-    """The untrained competence pool's :data:`MATCHED` measures (and ``accuracy``,
+    """The untrained competence pool's ``MATCHED`` measures (and ``accuracy``,
     ``team_success``, ``multi_right``), exactly: expectations over the question's difficulty and
     each agent's own by Gauss-Hermite quadrature, at the initial logits without their
     ``init_noise`` and specialty bonus.
@@ -140,7 +140,7 @@ def fit_competence(targets: dict, cfg: SimConfig) -> SimConfig:
     """``cfg`` with a :class:`~mcpg.grpo.simulated.Competence` (each agent's skill, the spreads of the shared
     and the agent's own difficulty, the cut logit) and an ``unsolvable`` share fitted so that
     its untrained pool's
-    :data:`MATCHED` measures (:func:`competence_expectations`, exact) come as close as they can
+    ``MATCHED`` measures (:func:`competence_expectations`, exact) come as close as they can
     to ``targets``: least squares, each measure's error divided by its target (so that an
     accuracy of 0.04 counts as much as a correlation of 0.26)."""
     K = cfg.n_agents
@@ -195,7 +195,7 @@ ABLATIONS: dict[str, str] = {
 
 
 def ablation(twin: SimConfig, name: str, default: SimConfig | None = None) -> SimConfig:
-    """The twin with one variable (:data:`ABLATIONS`) moved to chapter 7's default pool's value."""
+    """The twin with one variable (``ABLATIONS``) moved to chapter 7's default pool's value."""
     default = default or SimConfig()
     comp = twin.competence
     if comp is None:
