@@ -31,7 +31,7 @@ def _grid_runs():
 def test_readme_states_chapter_8s_verdict():
     """"removal's deployed accuracy ends behind winner-take-all's on average, under the paper's
     protocol and centred alike. Under the paper's protocol the interval over ten seeds lies below
-    0 [...]. Its lying below 0 rests on removal runs that cut [...]: without the pairs in which a
+    0 [...]. That rests on removal runs that cut [...]: without the pairs in which a
     run fails a cut measure the interval contains 0, and still lies below +0.04 (leaving them out
     favours removal [...]). Centred, over ten seeds as well, the interval lies below 0
     (removal − winner-take-all −0.091 [−0.161, −0.020]), which refutes chapter 8's hypothesis
